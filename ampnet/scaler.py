@@ -1,0 +1,374 @@
+"""``ampnet.GradScaler``: torch's loss scaler with bounds, hysteresis and
+a static mode, validated settings, and state that survives checkpoints and
+pickling at any point of a training step."""
+
+from __future__ import annotations
+
+import math
+from numbers import Integral, Real
+from typing import Any
+
+import torch
+
+__all__ = ["GradScaler", "validate_scaler_settings", "validate_scaler_state"]
+
+#: Settings that a fitted net changes on its live scaler (no rebuild).
+LIVE_SETTINGS = (
+    "growth_factor",
+    "backoff_factor",
+    "growth_interval",
+    "min_scale",
+    "max_scale",
+    "hysteresis",
+)
+
+_STATE_VERSION = 1
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, Real) and not isinstance(value, bool)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, Integral) and not isinstance(value, bool)
+
+
+def validate_scaler_settings(prefix: str = "grad_scaler__", **settings: Any) -> None:
+    """Check loss-scaler settings; raise one ValueError that lists every problem.
+
+    Only the settings passed are checked. ``prefix`` is put in front of each
+    name in the message, so that it names the parameter as the user set it.
+
+    Raises
+    ------
+    ValueError
+      If any setting is out of range or of the wrong type.
+    """
+    problems = []
+
+    def bad(name: str, rule: str) -> None:
+        value = settings[name]
+        problems.append(f"{prefix}{name}={value!r} ({type(value).__name__}): {rule}")
+
+    def positive_finite(name: str) -> bool:
+        value = settings.get(name)
+        return _is_number(value) and math.isfinite(value) and value > 0
+
+    for name in ("init_scale", "min_scale", "max_scale"):
+        if name in settings and not positive_finite(name):
+            bad(name, "must be a finite number > 0, e.g. 65536.0")
+    if "growth_factor" in settings:
+        value = settings["growth_factor"]
+        if not (_is_number(value) and math.isfinite(value) and value > 1):
+            bad("growth_factor", "must be a finite number > 1, e.g. 2.0")
+    if "backoff_factor" in settings:
+        value = settings["backoff_factor"]
+        if not (_is_number(value) and 0 < value < 1):
+            bad("backoff_factor", "must be a number in (0, 1), e.g. 0.5")
+    for name in ("growth_interval", "hysteresis"):
+        if name in settings and not (_is_int(settings[name]) and settings[name] >= 1):
+            bad(name, "must be an int >= 1, e.g. 2000 for growth_interval, 1 for hysteresis")
+    for name in ("enabled", "dynamic"):
+        if name in settings and not isinstance(settings[name], bool):
+            bad(name, "must be True or False")
+    if not problems and positive_finite("min_scale") and positive_finite("max_scale"):
+        lo, hi = settings["min_scale"], settings["max_scale"]
+        if lo > hi:
+            bad("min_scale", f"must not exceed {prefix}max_scale={hi!r}")
+        elif positive_finite("init_scale") and not lo <= settings["init_scale"] <= hi:
+            bad(
+                "init_scale",
+                f"must lie within [{prefix}min_scale, {prefix}max_scale] = [{lo!r}, {hi!r}]; "
+                "change init_scale or widen the bounds",
+            )
+    if problems:
+        raise ValueError("Invalid loss-scaler settings:\n- " + "\n- ".join(problems))
+
+
+def validate_scaler_state(state: Any, source: str = "the state dict") -> None:
+    """Check a scaler ``state_dict`` before anything is loaded from it.
+
+    Raises
+    ------
+    ValueError
+      Naming ``source`` and the problem: not a dict, saved from a disabled
+      scaler, missing keys (a foreign file), or a scale that is NaN, zero,
+      negative or infinite.
+    """
+    if not isinstance(state, dict):
+        raise ValueError(
+            f"{source} does not hold a loss-scaler state: expected a dict, got "
+            f"{type(state).__name__}."
+        )
+    if not state:
+        raise ValueError(
+            f"{source} holds an empty loss-scaler state: it was saved from a disabled "
+            "scaler (AMP off, or bfloat16 without loss scaling) and cannot initialize "
+            "an enabled one. Fix: do not pass it, or load it into a net with the same "
+            "precision settings."
+        )
+    required = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
+    missing = [key for key in required if key not in state]
+    if missing:
+        raise ValueError(
+            f"{source} is not a loss-scaler state: keys {missing} are missing (found "
+            f"{sorted(map(str, state))[:8]}). Was another file (parameters, optimizer) "
+            "passed as f_grad_scaler?"
+        )
+    scale = state["scale"]
+    if isinstance(scale, torch.Tensor):
+        scale = scale.item() if scale.numel() == 1 else float("nan")
+    if not (_is_number(scale) and math.isfinite(scale) and scale > 0):
+        raise ValueError(
+            f"{source} has an invalid loss scale {scale!r}: the scale must be a finite "
+            "number > 0 (a NaN or zero scale would skip every step or write NaN into "
+            "the weights)."
+        )
+    if not _is_int(state["_growth_tracker"]) or state["_growth_tracker"] < 0:
+        raise ValueError(
+            f"{source} has an invalid growth tracker {state['_growth_tracker']!r}: "
+            "expected an int >= 0."
+        )
+
+
+class GradScaler(torch.amp.GradScaler):
+    """Dynamic loss scaler for float16 training, a subclass of
+    :class:`torch.amp.GradScaler`.
+
+    On top of torch's scaler it keeps the scale within ``[min_scale,
+    max_scale]`` (it never collapses to 0 or grows to inf), can wait for
+    ``hysteresis`` overflows in a row before backing off, has a static
+    mode, validates its settings with clear errors, and can be pickled or
+    deep-copied at any point of a training step.
+
+    Parameters
+    ----------
+    device : str (default='cuda')
+      Device type of the tensors it scales. ampnet's nets pass their own.
+
+    init_scale : float (default=65536.0)
+      Initial scale; the fixed scale when ``dynamic=False``.
+
+    growth_factor : float (default=2.0)
+      Factor applied after ``growth_interval`` good steps in a row.
+
+    backoff_factor : float (default=0.5)
+      Factor applied on overflow (after ``hysteresis`` overflows in a row).
+
+    growth_interval : int (default=2000)
+      Good steps in a row before the scale grows.
+
+    enabled : bool (default=True)
+      A disabled scaler is a no-op; ``scale()`` returns its input.
+
+    min_scale : float (default=1.0)
+      Lower bound of the scale.
+
+    max_scale : float (default=2**24)
+      Upper bound of the scale.
+
+    hysteresis : int (default=1)
+      Overflows in a row needed before backing off (Paddle's
+      ``decr_every_n_nan_or_inf``). A step with an overflow is always
+      skipped; only the backoff waits.
+
+    dynamic : bool (default=True)
+      If False, the scale stays at ``init_scale``; overflowing steps are
+      still skipped.
+    """
+
+    def __init__(
+        self,
+        device: str = "cuda",
+        init_scale: float = 2.0**16,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+        growth_interval: int = 2000,
+        enabled: bool = True,
+        min_scale: float = 1.0,
+        max_scale: float = 2.0**24,
+        hysteresis: int = 1,
+        dynamic: bool = True,
+    ) -> None:
+        validate_scaler_settings(
+            prefix="",
+            init_scale=init_scale,
+            growth_factor=growth_factor,
+            backoff_factor=backoff_factor,
+            growth_interval=growth_interval,
+            enabled=enabled,
+            min_scale=min_scale,
+            max_scale=max_scale,
+            hysteresis=hysteresis,
+            dynamic=dynamic,
+        )
+        if enabled and device == "cuda" and not torch.cuda.is_available():
+            raise ValueError(
+                "GradScaler(device='cuda') was enabled, but CUDA is not available; torch "
+                "would silently disable it. Fix: GradScaler(device='cpu'), or run on a GPU."
+            )
+        super().__init__(
+            device,
+            init_scale=float(init_scale),
+            growth_factor=float(growth_factor),
+            backoff_factor=float(backoff_factor),
+            growth_interval=int(growth_interval),
+            enabled=enabled,
+        )
+        # torch stores these only when enabled; keep them always so that a
+        # disabled scaler still reports its settings.
+        self._init_scale_setting = float(init_scale)
+        self._growth_factor = float(growth_factor)
+        self._backoff_factor = float(backoff_factor)
+        self._growth_interval = int(growth_interval)
+        self._min_scale = float(min_scale)
+        self._max_scale = float(max_scale)
+        self._hysteresis = int(hysteresis)
+        self._dynamic = bool(dynamic)
+        self._overflow_streak = 0
+        self._scaled_since_update = False
+
+    # ---- settings -------------------------------------------------------
+
+    def get_settings(self) -> dict[str, Any]:
+        """The current settings as a dict of plain Python values."""
+        return {
+            "init_scale": self._init_scale_setting,
+            "growth_factor": self._growth_factor,
+            "backoff_factor": self._backoff_factor,
+            "growth_interval": self._growth_interval,
+            "min_scale": self._min_scale,
+            "max_scale": self._max_scale,
+            "hysteresis": self._hysteresis,
+            "dynamic": self._dynamic,
+            "enabled": self._enabled,
+        }
+
+    def set_settings(self, **settings: Any) -> None:
+        """Change live settings (see ``LIVE_SETTINGS``) after validating them."""
+        unknown = sorted(set(settings) - set(LIVE_SETTINGS))
+        if unknown:
+            raise ValueError(
+                f"{unknown} cannot be changed on a live scaler; live settings are "
+                f"{list(LIVE_SETTINGS)}. Build a new scaler for the others."
+            )
+        merged = {k: v for k, v in self.get_settings().items() if k in LIVE_SETTINGS}
+        merged.update(settings)
+        validate_scaler_settings(prefix="", **merged)
+        for name, value in settings.items():
+            cast = int if name in ("growth_interval", "hysteresis") else float
+            setattr(self, "_" + name, cast(value))
+        if self._enabled and self._scale is not None:
+            self._scale.clamp_(self._min_scale, self._max_scale)
+
+    # ---- the step -------------------------------------------------------
+
+    def scale(self, outputs):  # type: ignore[override]
+        """Multiply by the scale, as in torch; also records that a loss was
+        scaled in this step, so that a net can detect an unscaled backward."""
+        self._scaled_since_update = True
+        return super().scale(outputs)
+
+    def found_inf(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Whether ``unscale_`` found inf/NaN in this optimizer's gradients
+        during the current step (False for a disabled scaler)."""
+        if not self._enabled:
+            return False
+        found = self._found_inf_per_device(optimizer)
+        return bool(sum(v.item() for v in found.values()))
+
+    def update(self, new_scale: float | torch.Tensor | None = None) -> None:
+        """Update the scale at the end of a step, within ``[min_scale, max_scale]``.
+
+        On a step with an overflow in any optimizer the growth tracker is
+        reset and, once ``hysteresis`` overflows happened in a row, the
+        scale is multiplied by ``backoff_factor``. After ``growth_interval``
+        good steps in a row it is multiplied by ``growth_factor``. With
+        ``dynamic=False`` the scale never changes. ``new_scale`` sets the
+        scale by hand, as in torch.
+        """
+        if not self._enabled:
+            return
+        self._scaled_since_update = False
+        if new_scale is not None:
+            super().update(new_scale)
+            return
+        states = self._per_optimizer_states.values()
+        found_infs = [v for state in states for v in state["found_inf_per_device"].values()]
+        if not found_infs:
+            raise RuntimeError(
+                "GradScaler.update(): no inf checks were recorded in this step; call "
+                "unscale_(optimizer) or step(optimizer) before update()."
+            )
+        scale, tracker = self._check_scale_growth_tracker("update")
+        overflow = bool(sum(v.item() for v in found_infs))
+        new = scale.detach().clone()
+        if overflow:
+            tracker.fill_(0)
+            self._overflow_streak += 1
+            if self._dynamic and self._overflow_streak >= self._hysteresis:
+                new.mul_(self._backoff_factor)
+                self._overflow_streak = 0
+        else:
+            self._overflow_streak = 0
+            good = int(tracker.item()) + 1
+            if self._dynamic and good >= self._growth_interval:
+                new.mul_(self._growth_factor)
+                good = 0
+            tracker.fill_(good)
+        if not torch.isfinite(new).all():
+            new.fill_(self._max_scale)
+        new.clamp_(self._min_scale, self._max_scale)
+        super().update(float(new.item()))
+
+    # ---- state ----------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """torch's state plus the bounds, hysteresis and static mode.
+
+        Empty for a disabled scaler, as in torch.
+        """
+        state = super().state_dict()
+        if not state:
+            return state
+        state.update(
+            min_scale=self._min_scale,
+            max_scale=self._max_scale,
+            hysteresis=self._hysteresis,
+            dynamic=self._dynamic,
+            _overflow_streak=self._overflow_streak,
+            ampnet_scaler_version=_STATE_VERSION,
+        )
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Validate, then load. A state of plain torch's GradScaler loads
+        too (the ampnet-only settings are then left as they are).
+
+        Raises
+        ------
+        ValueError
+          See :func:`validate_scaler_state`.
+        """
+        if not self._enabled:
+            return
+        validate_scaler_state(state_dict)
+        super().load_state_dict(state_dict)
+        for name in ("min_scale", "max_scale", "hysteresis", "dynamic", "overflow_streak"):
+            key = "_overflow_streak" if name == "overflow_streak" else name
+            if key in state_dict:
+                cast = {"hysteresis": int, "dynamic": bool, "overflow_streak": int}.get(name, float)
+                setattr(self, "_" + name, cast(state_dict[key]))
+
+    def __getstate__(self) -> dict[str, Any]:
+        # torch refuses to pickle between unscale_() and update(); the
+        # per-step record is keyed by id(optimizer) and means nothing in a
+        # copy, so a copy starts the step afresh with the same scale.
+        pending = self._per_optimizer_states if self._enabled else None
+        if pending:
+            self._per_optimizer_states = type(pending)(pending.default_factory)
+        try:
+            return super().__getstate__()
+        finally:
+            if pending:
+                self._per_optimizer_states = pending

@@ -1,0 +1,63 @@
+"""Small helpers shared by ampnet's modules."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+
+__all__ = [
+    "needs_closure",
+    "grads_are_finite",
+    "has_nonfinite",
+    "optimizer_params_with_grad",
+]
+
+
+def needs_closure(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer.step`` requires a closure (e.g. LBFGS)."""
+    try:
+        param = inspect.signature(optimizer.step).parameters.get("closure")
+    except (TypeError, ValueError):
+        return False
+    return param is not None and param.default is inspect.Parameter.empty
+
+
+def optimizer_params_with_grad(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The parameters of ``optimizer`` that received a gradient."""
+    return [
+        p for group in optimizer.param_groups for p in group["params"] if p.grad is not None
+    ]
+
+
+def grads_are_finite(params: Iterable[torch.Tensor]) -> bool:
+    """Whether every gradient of ``params`` is finite (one fused check per
+    device and dtype; the gradients are left bitwise unchanged)."""
+    buckets: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+    for p in params:
+        g = p.grad
+        if g is None:
+            continue
+        if g.is_sparse:
+            g = g.coalesce()._values()
+        buckets.setdefault((g.device, g.dtype), []).append(g)
+    found = []
+    for (device, _), grads in buckets.items():
+        found_inf = torch.zeros((), dtype=torch.float32, device=device)
+        one = torch.ones((), dtype=torch.float32, device=device)
+        torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, one)
+        found.append(found_inf)
+    return not any(bool(f.item()) for f in found)
+
+
+def has_nonfinite(obj: Any) -> bool:
+    """Whether a (possibly nested) batch holds a floating NaN or inf."""
+    if isinstance(obj, torch.Tensor):
+        return obj.is_floating_point() and not bool(torch.isfinite(obj).all())
+    if isinstance(obj, Mapping):
+        return any(has_nonfinite(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return any(has_nonfinite(v) for v in obj)
+    return False
