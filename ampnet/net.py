@@ -16,7 +16,9 @@ from skorch.regressor import NeuralNetRegressor
 from skorch.utils import to_tensor
 
 from ampnet.exceptions import AmpWarning
+from ampnet.persistence import PersistenceMixin
 from ampnet.precision import PrecisionPolicy, resolve_precision
+from ampnet.precision_control import PrecisionControlMixin
 from ampnet.scaler import LIVE_SETTINGS, GradScaler, validate_scaler_settings
 from ampnet.training import StepState, TrainingStepMixin
 from ampnet.utils import needs_closure
@@ -24,7 +26,7 @@ from ampnet.utils import needs_closure
 __all__ = ["AmpNetMixin", "AmpNet", "AmpNetClassifier", "AmpNetRegressor", "AmpNetBinaryClassifier"]
 
 #: Parameters whose change re-resolves the precision policy and the scaler.
-PRECISION_PARAMS = ("amp_enabled", "amp_dtype", "device", "grad_scaler")
+PRECISION_PARAMS = ("amp_enabled", "amp_dtype", "amp_level", "device", "grad_scaler")
 
 _TORCH_LIVE_SETTERS = {
     "growth_factor": "set_growth_factor",
@@ -72,7 +74,7 @@ def _describe(value: Any) -> str:
     return f"{value!r} ({type(value).__name__})"
 
 
-class AmpNetMixin(TrainingStepMixin):
+class AmpNetMixin(PersistenceMixin, PrecisionControlMixin, TrainingStepMixin):
     """Mixed precision for any skorch net; mix it in before the skorch class.
 
     Adds the parameters described in :class:`AmpNet` and the fitted
@@ -87,6 +89,11 @@ class AmpNetMixin(TrainingStepMixin):
         *args: Any,
         amp_enabled: bool = False,
         amp_dtype: str | torch.dtype = "auto",
+        amp_level: str = "mixed",
+        amp_master_weights: bool = True,
+        amp_fp32_modules: Any = None,
+        amp_modules: Any = None,
+        memory_format: str = "preserve",
         grad_scaler: Any = GradScaler,
         gradient_accumulation_steps: int = 1,
         amp_max_consecutive_skips: int | None = 50,
@@ -95,6 +102,11 @@ class AmpNetMixin(TrainingStepMixin):
     ) -> None:
         self.amp_enabled = amp_enabled
         self.amp_dtype = amp_dtype
+        self.amp_level = amp_level
+        self.amp_master_weights = amp_master_weights
+        self.amp_fp32_modules = amp_fp32_modules
+        self.amp_modules = amp_modules
+        self.memory_format = memory_format
         self.grad_scaler = grad_scaler
         self.gradient_accumulation_steps = gradient_accumulation_steps
         self.amp_max_consecutive_skips = amp_max_consecutive_skips
@@ -138,7 +150,7 @@ class AmpNetMixin(TrainingStepMixin):
         ``amp_dtype`` and ``device``."""
         self._check_amp_params()
         self.precision_policy_: PrecisionPolicy = resolve_precision(
-            self.amp_enabled, self.amp_dtype, self.device
+            self.amp_enabled, self.amp_dtype, self.device, self.amp_level
         )
         return self
 
@@ -337,7 +349,7 @@ class AmpNetMixin(TrainingStepMixin):
             device_type = torch.device(self.device or "cpu").type
             if device_type != policy.device_type:
                 self.precision_policy_ = resolve_precision(
-                    self.amp_enabled, self.amp_dtype, self.device
+                    self.amp_enabled, self.amp_dtype, self.device, self.amp_level
                 )
 
 

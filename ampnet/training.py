@@ -153,6 +153,7 @@ class TrainingStepMixin:
                 "Fix: call self.backward(loss) (or "
                 "self.grad_scaler_.scale(loss).backward()) instead."
             )
+        self._amp_grads_ready()
         active = [
             (name, getattr(self, name + "_"))
             for name in self._optimizers
@@ -191,6 +192,7 @@ class TrainingStepMixin:
                 self.optimizer_step(optimizer)
                 stepped.append(name)
 
+        self._amp_after_step()
         bad_data = bool(skipped) and has_nonfinite(batch)
         if scaling and active:
             if bad_data:
