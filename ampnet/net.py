@@ -157,7 +157,7 @@ class AmpNetMixin(PersistenceMixin, PrecisionControlMixin, TrainingStepMixin):
     def _scaler_kwargs(self) -> dict[str, Any]:
         kwargs = self.get_params_for("grad_scaler")
         cls = self.grad_scaler if isinstance(self.grad_scaler, type) else type(self.grad_scaler)
-        valid = [p for p in inspect.signature(cls).parameters if p not in ("self", "device")]
+        valid = _init_param_names(cls, exclude=("self", "device"))
         unknown = sorted(set(kwargs) - set(valid))
         if unknown:
             hints = []
@@ -351,6 +351,21 @@ class AmpNetMixin(PersistenceMixin, PrecisionControlMixin, TrainingStepMixin):
                 self.precision_policy_ = resolve_precision(
                     self.amp_enabled, self.amp_dtype, self.device, self.amp_level
                 )
+
+
+def _init_param_names(cls: type, exclude: tuple[str, ...] = ()) -> list[str]:
+    """Keyword parameters of ``cls(...)``, following ``**kwargs`` up the MRO."""
+    names: list[str] = []
+    for klass in cls.__mro__:
+        if "__init__" not in vars(klass):
+            continue
+        params = inspect.signature(vars(klass)["__init__"]).parameters.values()
+        for p in params:
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in names + list(exclude):
+                names.append(p.name)
+        if not any(p.kind == p.VAR_KEYWORD for p in params):
+            break
+    return names
 
 
 def _float64_to_float32(x: Any) -> Any:

@@ -1,0 +1,153 @@
+"""The precision policy: dtype parsing, device rules, output conversion."""
+
+import collections
+
+import pytest
+import torch
+
+from ampnet import precision
+from ampnet.precision import PrecisionPolicy, parse_amp_dtype, resolve_precision
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        ("float16", torch.float16),
+        ("fp16", torch.float16),
+        ("half", torch.float16),
+        ("FP16", torch.float16),
+        ("bfloat16", torch.bfloat16),
+        ("bf16", torch.bfloat16),
+        (torch.float16, torch.float16),
+        (torch.bfloat16, torch.bfloat16),
+        ("auto", None),
+    ],
+)
+def test_parse_amp_dtype_aliases(value, expected):
+    assert parse_amp_dtype(value) == expected
+
+
+@pytest.mark.parametrize(
+    "value, match",
+    [
+        ("float32", r"got 'float32' \(str\).*set amp_enabled=False"),
+        ("int8", r"amp_dtype must be one of 'auto', 'float16'.*got 'int8'"),
+        ("bfloat61", r"Did you mean 'bfloat16'\?"),
+        (torch.float32, r"got torch.float32 \(dtype\).*amp_enabled=False"),
+        (torch.float64, r"amp_dtype must be one of"),
+    ],
+)
+def test_parse_amp_dtype_rejects_with_choices_and_fix(value, match):
+    with pytest.raises(ValueError, match=match):
+        parse_amp_dtype(value)
+
+
+def test_parse_amp_dtype_wrong_type():
+    with pytest.raises(TypeError, match=r"amp_dtype must be a str or a torch.dtype.*got 16 \(int\)"):
+        parse_amp_dtype(16)
+
+
+def test_amp_enabled_must_be_bool():
+    with pytest.raises(TypeError, match=r"amp_enabled must be True or False; got 'yes' \(str\)"):
+        resolve_precision("yes", "auto", "cpu")
+
+
+def test_amp_level_validated():
+    with pytest.raises(ValueError, match=r"amp_level must be one of 'mixed', 'pure'; got 'full'"):
+        resolve_precision(True, "auto", "cpu", "full")
+
+
+def test_invalid_device_named():
+    with pytest.raises(ValueError, match=r"device must be a torch device.*got 'gpu' \(str\)"):
+        resolve_precision(True, "auto", "gpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only machine")
+@pytest.mark.parametrize("device", ["cuda", "cuda:1", torch.device("cuda")])
+def test_cuda_without_cuda_is_an_error_not_a_fallback(device):
+    with pytest.raises(ValueError, match="CUDA is not available.*never falls back"):
+        resolve_precision(True, "auto", device)
+
+
+def test_disabled_policy_is_a_no_op():
+    policy = resolve_precision(False, "bf16", "cpu")
+    assert not policy.enabled and policy.compute_dtype is None and not policy.uses_scaler
+    x = torch.ones(2, dtype=torch.bfloat16)
+    assert policy.convert_output(x) is x
+    with policy.autocast():
+        assert not torch.is_autocast_enabled("cpu")
+
+
+def test_disabled_policy_leaves_outer_autocast_alone():
+    policy = resolve_precision(False, "auto", "cpu")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        with policy.autocast():
+            assert torch.is_autocast_enabled("cpu")
+
+
+def test_cpu_auto_is_bf16_without_scaler(monkeypatch):
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
+    policy = resolve_precision(True, "auto", "cpu")
+    assert policy.compute_dtype == torch.bfloat16
+    assert not policy.uses_scaler
+    assert policy.notices == ()
+    assert policy.name == "bfloat16 (mixed)"
+    with policy.autocast():
+        assert torch.is_autocast_enabled("cpu")
+        assert torch.get_autocast_dtype("cpu") == torch.bfloat16
+
+
+def test_cpu_without_native_bf16_gets_a_notice(monkeypatch):
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: False)
+    policy = resolve_precision(True, "auto", "cpu")
+    assert policy.compute_dtype == torch.bfloat16
+    assert len(policy.notices) == 1 and "no native bfloat16" in policy.notices[0]
+
+
+def test_fp16_on_cpu_uses_scaler_and_warns_it_is_slow():
+    policy = resolve_precision(True, "fp16", "cpu")
+    assert policy.compute_dtype == torch.float16 and policy.uses_scaler
+    assert any("slower than float32" in n for n in policy.notices)
+
+
+def _fake_cuda(monkeypatch, capability):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: "FakeGPU")
+
+
+def test_cuda_auto_picks_by_compute_capability(monkeypatch):
+    _fake_cuda(monkeypatch, (8, 0))
+    assert resolve_precision(True, "auto", "cuda").compute_dtype == torch.bfloat16
+    _fake_cuda(monkeypatch, (7, 5))
+    policy = resolve_precision(True, "auto", "cuda:0")
+    assert policy.compute_dtype == torch.float16 and policy.uses_scaler
+    assert policy.device_type == "cuda"
+
+
+def test_bf16_on_old_gpu_is_an_error(monkeypatch):
+    _fake_cuda(monkeypatch, (7, 0))
+    with pytest.raises(ValueError, match=r"compute capability 8.0.*FakeGPU.*Fix: amp_dtype='float16'"):
+        resolve_precision(True, "bf16", "cuda")
+
+
+def test_convert_output_walks_containers():
+    policy = PrecisionPolicy(True, "cpu", torch.bfloat16, False)
+    Pair = collections.namedtuple("Pair", "a b")
+    out = policy.convert_output(
+        {
+            "x": torch.ones(2, dtype=torch.bfloat16),
+            "y": [torch.ones(1, dtype=torch.float16), torch.ones(1, dtype=torch.int64)],
+            "z": Pair(torch.ones(1, dtype=torch.bfloat16), "label"),
+        }
+    )
+    assert out["x"].dtype == torch.float32
+    assert out["y"][0].dtype == torch.float32 and out["y"][1].dtype == torch.int64
+    assert isinstance(out["z"], Pair) and out["z"].a.dtype == torch.float32 and out["z"].b == "label"
+
+
+def test_policy_is_frozen():
+    policy = resolve_precision(True, "bf16", "cpu")
+    with pytest.raises(AttributeError):
+        policy.enabled = False

@@ -1,0 +1,262 @@
+"""ampnet.GradScaler: settings validation, scale policy, state and pickling.
+
+Steps are driven with synthetic gradients on CPU (the keras style): a
+parameter, a loss whose gradient we control, and SGD.
+"""
+
+import copy
+import math
+import pickle
+
+import pytest
+import torch
+
+from ampnet import GradScaler
+from ampnet.scaler import validate_scaler_state
+
+
+def make_step(scaler, overflow, param=None, opt=None):
+    """One scaled step; ``overflow`` puts an inf into the gradient."""
+    if param is None:
+        param = torch.nn.Parameter(torch.ones(3))
+        opt = torch.optim.SGD([param], lr=0.1)
+    opt.zero_grad()
+    loss = (param * 2.0).sum()
+    if overflow:
+        loss = loss * float("inf")
+    scaler.scale(loss).backward()
+    scaler.unscale_(opt)
+    skipped = scaler.found_inf(opt)
+    scaler.step(opt)
+    scaler.update()
+    return skipped, param, opt
+
+
+def cpu_scaler(**kw):
+    return GradScaler("cpu", **kw)
+
+
+# ---- settings ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"init_scale": 0.0}, r"init_scale=0.0 \(float\): must be a finite number > 0"),
+        ({"init_scale": -4.0}, r"init_scale=-4.0"),
+        ({"init_scale": float("nan")}, r"init_scale=nan"),
+        ({"init_scale": float("inf")}, r"init_scale=inf"),
+        ({"growth_factor": 1.0}, r"growth_factor=1.0 \(float\): must be a finite number > 1"),
+        ({"backoff_factor": 1.0}, r"backoff_factor=1.0 \(float\): must be a number in \(0, 1\)"),
+        ({"backoff_factor": 0}, r"backoff_factor=0 \(int\)"),
+        ({"growth_interval": 0}, r"growth_interval=0 \(int\): must be an int >= 1"),
+        ({"growth_interval": 2.5}, r"growth_interval=2.5"),
+        ({"hysteresis": 0}, r"hysteresis=0"),
+        ({"min_scale": 8.0, "max_scale": 4.0, "init_scale": 4.0}, r"min_scale=8.0.*must not exceed max_scale"),
+        ({"init_scale": 2.0**30}, r"init_scale=1073741824.0.*must lie within \[min_scale, max_scale\]"),
+        ({"dynamic": "no"}, r"dynamic='no' \(str\): must be True or False"),
+    ],
+)
+def test_invalid_settings_raise_value_error(kw, match):
+    with pytest.raises(ValueError, match=match):
+        cpu_scaler(**kw)
+
+
+def test_all_problems_reported_at_once():
+    with pytest.raises(ValueError) as exc:
+        cpu_scaler(growth_factor=0.5, backoff_factor=2.0)
+    assert "growth_factor=0.5" in str(exc.value) and "backoff_factor=2.0" in str(exc.value)
+
+
+def test_disabled_scaler_still_validates_and_reports_settings():
+    with pytest.raises(ValueError, match="growth_factor"):
+        GradScaler("cpu", enabled=False, growth_factor=0.5)
+    scaler = GradScaler("cpu", enabled=False, growth_factor=3.0)
+    assert scaler.get_settings()["growth_factor"] == 3.0
+    assert scaler.get_scale() == 1.0
+    assert scaler.state_dict() == {}
+
+
+def test_cuda_scaler_without_cuda_is_an_error():
+    if torch.cuda.is_available():
+        pytest.skip("CPU-only check")
+    with pytest.raises(ValueError, match="CUDA is not available; torch would silently disable it"):
+        GradScaler()
+
+
+# ---- the scale policy ----------------------------------------------------------
+
+
+def test_growth_after_growth_interval():
+    scaler = cpu_scaler(init_scale=2.0, growth_interval=2)
+    param = opt = None
+    for _ in range(8):
+        skipped, param, opt = make_step(scaler, False, param, opt)
+        assert not skipped
+    assert scaler.get_scale() == 32.0
+
+
+def test_backoff_and_skip_leave_weights_bitwise_unchanged():
+    scaler = cpu_scaler(init_scale=400.0)
+    param = torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.SGD([param], lr=0.1)
+    before = param.detach().clone()
+    for _ in range(4):
+        skipped, _, _ = make_step(scaler, True, param, opt)
+        assert skipped
+    assert torch.equal(param.detach(), before)
+    assert scaler.get_scale() == 25.0
+
+
+def test_tracker_resets_after_skip():
+    scaler = cpu_scaler(init_scale=8.0, growth_interval=3)
+    param = opt = None
+    for overflow in (False, False, True, False, False):
+        _, param, opt = make_step(scaler, overflow, param, opt)
+    # 2 good steps, a skip (8 -> 4, tracker 0), 2 good steps: no growth yet
+    assert scaler.get_scale() == 4.0
+    make_step(scaler, False, param, opt)
+    assert scaler.get_scale() == 8.0
+
+
+def test_matches_torch_gradscaler_trajectory_within_bounds():
+    pattern = [False, True, False, False, False, True, True, False, False, False, False, False]
+    ours = cpu_scaler(init_scale=1024.0, growth_interval=3)
+    theirs = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=3)
+    p1 = torch.nn.Parameter(torch.ones(3))
+    o1 = torch.optim.SGD([p1], lr=0.1)
+    p2 = torch.nn.Parameter(torch.ones(3))
+    o2 = torch.optim.SGD([p2], lr=0.1)
+    for overflow in pattern:
+        make_step(ours, overflow, p1, o1)
+        # same sequence on torch's scaler
+        o2.zero_grad()
+        loss = (p2 * 2.0).sum() * (float("inf") if overflow else 1.0)
+        theirs.scale(loss).backward()
+        theirs.step(o2)
+        theirs.update()
+        assert ours.get_scale() == theirs.get_scale()
+    assert torch.equal(p1, p2)
+
+
+def test_500_overflows_stop_at_min_scale_with_finite_weights():
+    scaler = cpu_scaler(init_scale=2.0**16)
+    param = torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.SGD([param], lr=0.1)
+    for _ in range(500):
+        make_step(scaler, True, param, opt)
+    assert scaler.get_scale() == 1.0
+    make_step(scaler, False, param, opt)
+    assert torch.isfinite(param).all()
+    assert not torch.equal(param.detach(), torch.ones(3))
+
+
+def test_growth_stops_at_max_scale():
+    scaler = cpu_scaler(init_scale=2.0**23, growth_interval=1, max_scale=2.0**24)
+    param = opt = None
+    for _ in range(5):
+        _, param, opt = make_step(scaler, False, param, opt)
+    assert scaler.get_scale() == 2.0**24
+
+
+def test_hysteresis_backs_off_only_after_n_overflows_in_a_row():
+    scaler = cpu_scaler(init_scale=64.0, hysteresis=3)
+    param = opt = None
+    scales = []
+    for overflow in (True, True, False, True, True, True):
+        skipped, param, opt = make_step(scaler, overflow, param, opt)
+        assert skipped == overflow  # every overflowing step is still skipped
+        scales.append(scaler.get_scale())
+    # a good step resets the run; the third overflow in a row halves
+    assert scales == [64.0, 64.0, 64.0, 64.0, 64.0, 32.0]
+
+
+def test_static_scale_never_changes_but_still_skips():
+    scaler = cpu_scaler(init_scale=128.0, dynamic=False, growth_interval=1)
+    param = torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.SGD([param], lr=0.1)
+    for overflow in (False, True, False, True):
+        before = param.detach().clone()
+        skipped, _, _ = make_step(scaler, overflow, param, opt)
+        assert skipped == overflow
+        assert torch.equal(param.detach(), before) == overflow
+        assert scaler.get_scale() == 128.0
+
+
+def test_set_settings_live_and_validated():
+    scaler = cpu_scaler(init_scale=8.0, growth_interval=100)
+    make_step(scaler, False)
+    scaler.set_settings(growth_factor=4.0, growth_interval=1)
+    make_step(scaler, False)
+    assert scaler.get_scale() == 32.0
+    with pytest.raises(ValueError, match=r"growth_factor=0.5"):
+        scaler.set_settings(growth_factor=0.5)
+    with pytest.raises(ValueError, match=r"\['init_scale'\] cannot be changed on a live scaler"):
+        scaler.set_settings(init_scale=2.0)
+    scaler.set_settings(max_scale=16.0)
+    assert scaler.get_scale() == 16.0
+
+
+# ---- state ------------------------------------------------------------------
+
+
+def test_state_dict_round_trip_is_exact():
+    scaler = cpu_scaler(init_scale=1024.0, growth_interval=3, hysteresis=2)
+    param = opt = None
+    for overflow in (False, True, False):
+        _, param, opt = make_step(scaler, overflow, param, opt)
+    state = scaler.state_dict()
+    assert state["scale"] == scaler.get_scale()
+    assert state["_overflow_streak"] == 0 and state["hysteresis"] == 2
+    other = cpu_scaler()
+    other.load_state_dict(state)
+    assert other.state_dict() == state
+
+
+@pytest.mark.parametrize(
+    "state, match",
+    [
+        ({}, "saved from a disabled scaler"),
+        ({"state": {}, "param_groups": []}, r"keys \['scale'.*are missing.*another file"),
+        ([1, 2], "expected a dict, got list"),
+    ],
+)
+def test_invalid_state_rejected(state, match):
+    with pytest.raises(ValueError, match=match):
+        validate_scaler_state(state, "ckpt.pt")
+
+
+@pytest.mark.parametrize("bad", [float("nan"), 0.0, -1.0, float("inf")])
+def test_invalid_scale_rejected_and_scaler_unchanged(bad):
+    scaler = cpu_scaler(init_scale=64.0)
+    make_step(scaler, False)
+    state = scaler.state_dict()
+    state["scale"] = bad
+    with pytest.raises(ValueError, match="invalid loss scale"):
+        scaler.load_state_dict(state)
+    assert scaler.get_scale() == 64.0
+
+
+def test_torch_gradscaler_state_loads():
+    theirs = torch.amp.GradScaler("cpu", init_scale=256.0)
+    ours = cpu_scaler(hysteresis=2)
+    ours.load_state_dict(theirs.state_dict())
+    assert ours.get_scale() == 256.0
+    assert ours.get_settings()["hysteresis"] == 2
+
+
+@pytest.mark.parametrize("copier", [copy.deepcopy, lambda s: pickle.loads(pickle.dumps(s))])
+def test_pickle_and_deepcopy_mid_step(copier):
+    scaler = cpu_scaler(init_scale=512.0)
+    param = torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.SGD([param], lr=0.1)
+    make_step(scaler, True, param, opt)
+    opt.zero_grad()
+    scaler.scale((param * 2).sum()).backward()
+    scaler.unscale_(opt)  # torch's own scaler refuses to pickle here
+    clone = copier(scaler)
+    assert clone.get_scale() == 256.0
+    assert clone.state_dict() == scaler.state_dict()
+    scaler.step(opt)
+    scaler.update()  # the original's step is intact
+    assert math.isfinite(scaler.get_scale())
