@@ -15,6 +15,7 @@ from skorch.classifier import NeuralNetBinaryClassifier, NeuralNetClassifier
 from skorch.regressor import NeuralNetRegressor
 from skorch.utils import to_tensor
 
+from ampnet.distributed import DistributedMixin
 from ampnet.exceptions import AmpWarning
 from ampnet.persistence import PersistenceMixin
 from ampnet.precision import PrecisionPolicy, resolve_precision
@@ -67,6 +68,14 @@ AMP_DOC = """
       Without loss scaling (bfloat16, or AMP off), skip and record an
       optimizer step whose gradients hold NaN or inf instead of writing
       them into the weights. Not applied to closure optimizers (LBFGS).
+
+    distributed : 'auto' or bool (default='auto')
+      Data-parallel training with ``torch.distributed``: with an
+      initialized process group (``'auto'``) or ``True``, the training
+      forward pass runs through ``DistributedDataParallel``, training and
+      validation data are split with a ``DistributedSampler``, losses and
+      validation predictions are reduced so that every rank has the same
+      history, and only rank 0 prints and writes checkpoints.
 """
 
 
@@ -74,7 +83,7 @@ def _describe(value: Any) -> str:
     return f"{value!r} ({type(value).__name__})"
 
 
-class AmpNetMixin(PersistenceMixin, PrecisionControlMixin, TrainingStepMixin):
+class AmpNetMixin(PersistenceMixin, PrecisionControlMixin, DistributedMixin, TrainingStepMixin):
     """Mixed precision for any skorch net; mix it in before the skorch class.
 
     Adds the parameters described in :class:`AmpNet` and the fitted
@@ -98,6 +107,7 @@ class AmpNetMixin(PersistenceMixin, PrecisionControlMixin, TrainingStepMixin):
         gradient_accumulation_steps: int = 1,
         amp_max_consecutive_skips: int | None = 50,
         amp_skip_nonfinite: bool = True,
+        distributed: Any = "auto",
         **kwargs: Any,
     ) -> None:
         self.amp_enabled = amp_enabled
@@ -111,6 +121,7 @@ class AmpNetMixin(PersistenceMixin, PrecisionControlMixin, TrainingStepMixin):
         self.gradient_accumulation_steps = gradient_accumulation_steps
         self.amp_max_consecutive_skips = amp_max_consecutive_skips
         self.amp_skip_nonfinite = amp_skip_nonfinite
+        self.distributed = distributed
         super().__init__(*args, **kwargs)
 
     # ---- initialization -------------------------------------------------
@@ -251,6 +262,8 @@ class AmpNetMixin(PersistenceMixin, PrecisionControlMixin, TrainingStepMixin):
         self._initialize_grad_scaler(reinit=was_initialized)
         self._check_optimizers()
         self.amp_step_state_ = StepState()
+        with self._current_init_context("distributed"):
+            self.initialize_distributed()
         return self
 
     def _initialize_optimizer(self, reason: str | None = None) -> "AmpNetMixin":

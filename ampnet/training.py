@@ -9,6 +9,7 @@ mixed into :class:`ampnet.AmpNet` and expects the attributes that
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
@@ -125,9 +126,11 @@ class TrainingStepMixin:
         state = self.amp_step_state_
         if state.micro_batches == 0:
             self._zero_grad_optimizer()
-        step = self.train_step_single(batch, **fit_params)
+        boundary = state.micro_batches + 1 >= self.gradient_accumulation_steps or state.last_batch
+        with self._micro_batch_context(boundary):
+            step = self.train_step_single(batch, **fit_params)
         state.micro_batches += 1
-        if state.micro_batches >= self.gradient_accumulation_steps or state.last_batch:
+        if boundary:
             self._finish_step(batch)
         else:
             state.stepped_batch = frozenset()
@@ -193,7 +196,9 @@ class TrainingStepMixin:
                 stepped.append(name)
 
         self._amp_after_step()
-        bad_data = bool(skipped) and has_nonfinite(batch)
+        # every rank skips together (gradients are synchronized), so the
+        # collective inside _any_rank runs on all ranks or on none
+        bad_data = bool(skipped) and self._any_rank(has_nonfinite(batch))
         if scaling and active:
             if bad_data:
                 # not an fp16 overflow: keep the scale as it was
@@ -280,21 +285,31 @@ class TrainingStepMixin:
         elif state.epoch_skips:
             self.history.record("skipped_steps", state.epoch_skips)
 
-    def _held_callback(self, cb: Any, method_name: str, training: bool) -> bool:
+    def _micro_batch_context(self, boundary: bool) -> Any:
+        """Context for one micro-batch's forward and backward; ``boundary``
+        says whether an optimizer step follows (the distributed mixin skips
+        the gradient all-reduce on the others)."""
+        return contextlib.nullcontext()
+
+    def _any_rank(self, flag: bool) -> bool:
+        """Whether ``flag`` is true on any process (one process: the flag)."""
+        return flag
+
+    def _callback_is_held(self, cb: Any, method_name: str, cb_kwargs: dict) -> bool:
         """An LRScheduler must not advance past an optimizer step that did
         not happen (skipped for overflow, or inside an accumulation group)."""
-        if not isinstance(cb, LRScheduler):
+        if not isinstance(cb, LRScheduler) or method_name not in ("on_batch_end", "on_epoch_end"):
             return False
         state = self.amp_step_state_
+        training = cb_kwargs.get("training", False)
         if method_name == "on_batch_end":
             return training and cb.step_every == "batch" and "optimizer" not in state.stepped_batch
         return cb.step_every == "epoch" and "optimizer" not in state.stepped_epoch
 
     def notify(self, method_name: str, **cb_kwargs: Any) -> None:
         getattr(self, method_name)(self, **cb_kwargs)
-        check = method_name in ("on_batch_end", "on_epoch_end") and hasattr(self, "amp_step_state_")
-        training = cb_kwargs.get("training", False)
+        check = "amp_step_state_" in self.__dict__
         for _, cb in self.callbacks_:
-            if check and self._held_callback(cb, method_name, training):
+            if check and self._callback_is_held(cb, method_name, cb_kwargs):
                 continue
             getattr(cb, method_name)(self, **cb_kwargs)

@@ -1,0 +1,93 @@
+"""One process of the distributed tests (launched by tests/test_distributed.py).
+
+usage: dist_worker.py RANK WORLD PORT OUTDIR BATCH ACCUM
+WORLD=1 runs without a process group (the single-process reference).
+"""
+
+import sys
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+from skorch.callbacks import Checkpoint
+
+from ampnet import AmpNetClassifier
+
+torch.set_num_threads(1)
+rank, world, port, outdir, batch, accum = sys.argv[1:7]
+rank, world, batch, accum = int(rank), int(world), int(batch), int(accum)
+
+
+class Poisoned(torch.nn.Module):
+    """Linear model; on the third training forward of rank 0 only, its output becomes inf."""
+
+    def __init__(self):
+        super().__init__()
+        self.hidden = torch.nn.Linear(6, 8)
+        self.out = torch.nn.Linear(8, 2)
+        self.calls = 0
+
+    def forward(self, X):
+        out = self.out(torch.tanh(self.hidden(X)))
+        if self.training:
+            self.calls += 1
+            first_rank = not dist.is_initialized() or dist.get_rank() == 0
+            if self.calls == 3 and first_rank:
+                out = out * float("inf")
+        return out
+
+
+if world > 1:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+
+rng = np.random.RandomState(0)
+X = rng.randn(70, 6).astype(np.float32)
+y = (X[:, 0] - X[:, 1] > 0).astype(np.int64)
+
+torch.manual_seed(0)
+net = AmpNetClassifier(
+    Poisoned,
+    criterion=torch.nn.CrossEntropyLoss,
+    optimizer=torch.optim.SGD,
+    lr=0.2,
+    max_epochs=3,
+    batch_size=batch,
+    gradient_accumulation_steps=accum,
+    iterator_train__shuffle=False,
+    amp_enabled=True,
+    amp_dtype="float16",
+    grad_scaler__init_scale=256.0,
+    grad_scaler__growth_interval=2,
+    verbose=1,
+    callbacks=[Checkpoint(dirname=f"{outdir}/checkpoint_world{world}_rank{rank}")],
+)
+net.initialize()
+reductions = []
+if world > 1:
+    def counting_hook(state, bucket):
+        reductions.append(1)
+        return default_hooks.allreduce_hook(None, bucket)
+
+    net.dist_state_.ddp.register_comm_hook(None, counting_hook)
+net.partial_fit(X, y)
+
+history = [{k: v for k, v in row.items() if k != "dur"} for row in net.history]
+for row in history:
+    row["batches"] = [dict(b) for b in row["batches"]]
+torch.save(
+    {
+        "params": {k: v.detach().clone() for k, v in net.module_.state_dict().items()},
+        "history": history,
+        "scale": net.grad_scaler_.get_scale(),
+        "reductions": len(reductions),
+        "ddp": net.dist_state_.ddp is not None,
+    },
+    f"{outdir}/rank{rank}_world{world}.pt",
+)
+if rank == 0:
+    net.save_params(f_params=f"{outdir}/params_world{world}.pt")
+if world > 1:
+    dist.barrier()
+    dist.destroy_process_group()

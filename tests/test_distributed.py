@@ -1,0 +1,118 @@
+"""Data-parallel training with torch.distributed (gloo, 2 CPU processes)."""
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+from ampnet import AmpNetClassifier
+from ampnet import distributed as ampdist
+from conftest import MLP
+
+WORKER = Path(__file__).with_name("dist_worker.py")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(tmp_path, world, batch, accum):
+    port = str(free_port())
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(WORKER), str(rank), str(world), port, str(tmp_path), str(batch), str(accum)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        for rank in range(world)
+    ]
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err[-3000:]
+        outs.append(out)
+    results = [torch.load(tmp_path / f"rank{r}_world{world}.pt", weights_only=False) for r in range(world)]
+    return results, outs
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("dist")
+    two, outs = launch(tmp, world=2, batch=4, accum=1)
+    one, _ = launch(tmp, world=1, batch=8, accum=1)
+    return {"two": two, "one": one, "outs": outs, "dir": tmp}
+
+
+def test_two_ranks_match_one_process_with_double_batch(runs):
+    (r0, r1), (single,) = runs["two"], runs["one"]
+    assert r0["ddp"] and r1["ddp"] and not single["ddp"]
+    for key, value in single["params"].items():
+        torch.testing.assert_close(r0["params"][key], value, atol=1e-3, rtol=1e-3)
+        assert torch.equal(r0["params"][key], r1["params"][key])
+
+
+def test_overflow_on_one_rank_skips_on_both_with_identical_scale(runs):
+    (r0, r1), (single,) = runs["two"], runs["one"]
+    skipped0 = [b["step_skipped"] for row in r0["history"] for b in row["batches"] if "step_skipped" in b]
+    skipped1 = [b["step_skipped"] for row in r1["history"] for b in row["batches"] if "step_skipped" in b]
+    assert skipped0 == skipped1 and skipped0[2] is True and sum(skipped0) == 1
+    scales0 = [b["loss_scale"] for row in r0["history"] for b in row["batches"] if "loss_scale" in b]
+    scales1 = [b["loss_scale"] for row in r1["history"] for b in row["batches"] if "loss_scale" in b]
+    assert scales0 == scales1 and scales0[2] == scales0[1] / 2
+    assert r0["scale"] == r1["scale"] == single["scale"]
+
+
+def test_history_identical_on_every_rank_and_only_rank0_prints(runs):
+    r0, r1 = runs["two"]
+    assert repr(r0["history"]) == repr(r1["history"])  # repr: NaN losses compare equal
+    assert {"train_loss", "valid_loss", "valid_acc", "loss_scale", "skipped_steps"} <= set(r0["history"][-1])
+    out0, out1 = runs["outs"]
+    assert "valid_acc" in out0 and out1.strip() == ""
+    # only rank 0 writes checkpoints
+    assert (runs["dir"] / "checkpoint_world2_rank0" / "params.pt").exists()
+    assert not list((runs["dir"] / "checkpoint_world2_rank1").glob("*"))
+
+
+def test_distributed_checkpoint_loads_in_one_process(runs):
+    X = np.random.RandomState(0).randn(70, 6).astype(np.float32)
+    sys.path.insert(0, str(WORKER.parent))
+    net = AmpNetClassifier(MLP, module__n_in=6, module__n_hidden=8).initialize()
+    state = torch.load(runs["dir"] / "params_world2.pt", weights_only=True)
+    assert set(state) == {"hidden.weight", "hidden.bias", "out.weight", "out.bias"}  # no DDP prefix
+    net.module_.load_state_dict(state)
+    assert net.predict_proba(X).shape == (70, 2)
+
+
+def test_accumulation_skips_allreduce_on_micro_batches(tmp_path):
+    (r0, r1), _ = launch(tmp_path, world=2, batch=2, accum=2)
+    (single,), _ = launch(tmp_path, world=1, batch=4, accum=2)
+    # 70 rows, 4/5 for training = 56 rows, 28 per rank, 14 micro-batches: 7 real steps per epoch
+    assert r0["reductions"] == r1["reductions"] == 3 * 7
+    for key, value in single["params"].items():
+        torch.testing.assert_close(r0["params"][key], value, atol=1e-3, rtol=1e-3)
+
+
+def test_distributed_true_without_process_group_is_an_error():
+    net = AmpNetClassifier(MLP, distributed=True)
+    with pytest.raises(ValueError, match="no torch.distributed process group is initialized"):
+        net.initialize()
+    with pytest.raises(ValueError, match="distributed must be 'auto', True or False; got 'yes'"):
+        AmpNetClassifier(MLP, distributed="yes").initialize()
+
+
+def test_nccl_with_cpu_device_is_an_error(monkeypatch):
+    monkeypatch.setattr(ampdist, "_process_group_ready", lambda: True)
+    monkeypatch.setattr(dist, "get_backend", lambda *a: "nccl")
+    with pytest.raises(ValueError, match="'nccl' backend, which needs CUDA tensors, but device='cpu'"):
+        AmpNetClassifier(MLP, distributed=True).initialize()
+
+
+def test_auto_is_off_without_process_group():
+    net = AmpNetClassifier(MLP).initialize()
+    assert net.dist_state_.ddp is None and net.dist_state_.world_size == 1
