@@ -1,7 +1,708 @@
-"""Saving and loading a net's state (placeholder: filled by the persistence work)."""
+"""Saving and loading a net's state: ``save_params``/``load_params`` with the
+loss-scaler and RNG states, crash-safe writes and validation before load.
 
-__all__ = ["PersistenceMixin"]
+Precision change between save and load
+--------------------------------------
+The scaler file (``f_grad_scaler``) holds the state of the net's loss
+scaler: the scale and its trackers for float16, an empty state when the
+scaler is disabled (bfloat16, or AMP off). Parameters, optimizer and
+history do not depend on the precision and always load. For the scaler
+file (rows: the net that saved, columns: the net that loads):
+
+================  ==================  ==================  ==================
+saved \\ loaded   float16             bfloat16            off
+================  ==================  ==================  ==================
+float16           restored (1)        AmpWarning (2)      AmpWarning (2)
+bfloat16          ValueError (3)      no-op (4)           no-op (4)
+off               ValueError (3)      no-op (4)           no-op (4)
+================  ==================  ==================  ==================
+
+1. The scale, growth tracker and hysteresis streak come from the file; the
+   loading net's own settings (``grad_scaler__*``) stay in force and an
+   AmpWarning names each setting that differed in the file.
+2. The file holds a scale that this net does not use (it has no loss
+   scaling): the state is not loaded, and a warning says so.
+3. An empty state cannot initialize an enabled scaler: ValueError naming the
+   file, nothing is changed. Load without the file (``f_grad_scaler=None``)
+   to start from the scaler's ``init_scale``.
+4. Both sides have no scaler state: nothing to restore.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import warnings
+from collections.abc import Mapping
+from typing import Any, Callable
+
+import torch
+from skorch.callbacks import LRScheduler
+from skorch.history import History
+from skorch.utils import _check_f_arguments, get_map_location
+
+from ampnet.atomic import atomic_write_group, is_path, recover
+from ampnet.exceptions import AmpWarning
+from ampnet.rng import get_rng_state, set_rng_state, validate_rng_state
+from ampnet.scaler import _STATE_VERSION, validate_scaler_state
+from ampnet.scheduler_state import (
+    dumps_lr_scheduler_states,
+    read_lr_scheduler_states,
+    restore_lr_schedulers,
+)
+
+__all__ = ["PersistenceMixin", "checkpoint_files"]
+
+#: Checkpoint files that older checkpoints lack; they load with a warning.
+OPTIONAL_FILES = ("f_grad_scaler", "f_rng_state", "f_lr_schedulers")
+
+_CONSEQUENCES = {
+    "f_grad_scaler": "the loss scale restarts from grad_scaler__init_scale",
+    "f_rng_state": "random numbers (shuffling, dropout) will differ from an uninterrupted run",
+    "f_lr_schedulers": "skorch rebuilds the learning-rate schedulers from the history, "
+    "which is not exact",
+}
+
+#: Entries of a scaler state that are state, not settings.
+_SCALER_TRACKERS = ("scale", "_growth_tracker", "_overflow_streak", "ampnet_scaler_version")
+
+_MSG_INIT = (
+    "Cannot {verb} state of an un-initialized model. Please initialize first by "
+    "calling .initialize() or by fitting the model with .fit(...)."
+)
+_MSG_MODULE = (
+    "You are trying to {verb} 'f_{{name}}' but for that to work, the net needs to "
+    "have an attribute called 'net.{{name}}_' that has a state_dict; make sure that "
+    "it exists and check for typos."
+)
+
+
+def _describe_target(key: str, target: Any) -> str:
+    if is_path(target):
+        return f"{key} file {os.fspath(target)!r}"
+    return f"{key} ({getattr(target, 'name', type(target).__name__)!r})"
+
+
+def _attr_of(key: str) -> str:
+    return "module_" if key in ("f_params", "f_module") else key[2:] + "_"
+
+
+def _read_errors() -> tuple[type[BaseException], ...]:
+    errors: tuple[type[BaseException], ...] = (
+        pickle.UnpicklingError, RuntimeError, EOFError, KeyError, ValueError,
+    )
+    try:
+        from safetensors import SafetensorError
+    except ImportError:  # safetensors is optional
+        return errors
+    return errors + (SafetensorError,)
+
+
+# ---- tensors <-> plain values (the scaler state under safetensors) -------
+
+
+def _to_tensors(state: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    out = {}
+    for key, value in state.items():
+        if isinstance(value, bool):
+            out[key] = torch.tensor(value)
+        elif isinstance(value, int):
+            out[key] = torch.tensor(value, dtype=torch.int64)
+        elif isinstance(value, float):
+            out[key] = torch.tensor(value, dtype=torch.float64)
+        else:
+            out[key] = value
+    return out
+
+
+def _from_tensors(state: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        key: value.item() if isinstance(value, torch.Tensor) and value.dim() == 0 else value
+        for key, value in state.items()
+    }
+
+
+# ---- reading, without changing the net -----------------------------------
+
+
+def _read_state(target: Any, source: str, safetensors: bool, map_location: Any,
+                load_kwargs: dict[str, Any]) -> Any:
+    try:
+        if safetensors:
+            from safetensors.torch import load, load_file
+
+            if is_path(target):
+                return load_file(os.fspath(target), device=str(map_location))
+            return load(target.read())
+        return torch.load(target, map_location=map_location, **load_kwargs)
+    except _read_errors() as exc:
+        hint = (
+            " It holds objects other than tensors and plain values, which a safe "
+            "load refuses: it was not written by save_params, or it may be malicious."
+            if isinstance(exc, pickle.UnpicklingError) else ""
+        )
+        kind = "safetensors" if safetensors else "torch"
+        raise ValueError(
+            f"{source} cannot be read as a {kind} file ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else exc!r}).{hint} Fix: pass the file "
+            "that save_params wrote, with the same use_safetensors setting."
+        ) from exc
+
+
+def _read_history(target: Any, source: str) -> list:
+    try:
+        if is_path(target):
+            with open(target, encoding="utf-8") as f:
+                rows = json.load(f)
+        else:
+            rows = json.load(target)
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+        raise ValueError(f"{source} is not a JSON history ({exc}).") from exc
+    if not (isinstance(rows, list) and all(isinstance(row, dict) for row in rows)):
+        raise ValueError(
+            f"{source} is not a skorch history: expected a JSON list of epoch dicts, got "
+            f"{type(rows).__name__}."
+        )
+    return rows
+
+
+def _check_module_state(module: torch.nn.Module, state: Any, source: str, attr: str) -> None:
+    if not isinstance(state, Mapping):
+        raise ValueError(
+            f"{source} does not hold a module state_dict for net.{attr}: got "
+            f"{type(state).__name__}."
+        )
+    own = module.state_dict()
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    shapes = [
+        f"{key}: {tuple(state[key].shape)} in the file, {tuple(value.shape)} in the net"
+        for key, value in own.items()
+        if key in state
+        and isinstance(value, torch.Tensor)
+        and isinstance(state[key], torch.Tensor)
+        and not torch.nn.parameter.is_lazy(value)
+        and state[key].shape != value.shape
+    ]
+    if missing or unexpected or shapes:
+        parts = []
+        if missing:
+            parts.append(f"missing keys {missing[:6]}")
+        if unexpected:
+            parts.append(f"unexpected keys {unexpected[:6]}")
+        if shapes:
+            parts.append("shape mismatch " + "; ".join(shapes[:4]))
+        raise ValueError(
+            f"{source} does not match net.{attr}: {', '.join(parts)}. Was another file "
+            "passed (e.g. the optimizer file as f_params), or was the module built with "
+            "other sizes? Nothing was loaded."
+        )
+
+
+def _check_optimizer_state(optimizer: torch.optim.Optimizer, state: Any, source: str,
+                           attr: str) -> None:
+    if not (isinstance(state, Mapping) and "state" in state and "param_groups" in state):
+        found = sorted(map(str, state))[:6] if isinstance(state, Mapping) else type(state).__name__
+        raise ValueError(
+            f"{source} is not an optimizer state for net.{attr} (expected the keys "
+            f"'state' and 'param_groups', found {found}). Was another file passed?"
+        )
+    groups, own = state["param_groups"], optimizer.param_groups
+    sizes = [len(g.get("params", ())) if isinstance(g, Mapping) else -1 for g in groups]
+    own_sizes = [len(g["params"]) for g in own]
+    if sizes != own_sizes:
+        raise ValueError(
+            f"{source} does not match net.{attr}: parameter groups of sizes {sizes} in the "
+            f"file, {own_sizes} in the net. Nothing was loaded."
+        )
+
+
+def _format_files(checkpoint: Any, net: Any, rows: list | None) -> dict[str, Any]:
+    saved = net.history
+    try:
+        if rows is not None:
+            net.history = History(rows)
+        if len(net.history):
+            return checkpoint.get_formatted_files(net)
+        # no history to format with (a first run): only plain names resolve
+        files = {}
+        for key, val in checkpoint._f_kwargs().items():
+            if isinstance(val, str):
+                if "{" in val:
+                    continue
+                val = os.path.join(checkpoint.dirname, checkpoint.fn_prefix + val)
+            files[key] = val
+        return files
+    finally:
+        net.history = saved
+
+
+def checkpoint_files(checkpoint: Any, net: Any) -> dict[str, Any]:
+    """The files of ``checkpoint`` as ``load_params`` resolves them, without
+    changing ``net``.
+
+    A save that a killed process left pending is completed first. File
+    names with format specifiers are formatted with the saved history, as
+    skorch does.
+    """
+    checkpoint = getattr(checkpoint, "checkpoint_", checkpoint)  # TrainEndCheckpoint
+    recover([checkpoint.dirname or "."])
+    rows = None
+    f_history = checkpoint.f_history_
+    if f_history is not None and (not is_path(f_history) or os.path.exists(f_history)):
+        rows = _read_history(f_history, _describe_target("f_history", f_history))
+        if not is_path(f_history):
+            f_history.seek(0)
+    files = _format_files(checkpoint, net, rows)
+    recover({os.path.dirname(os.path.abspath(v)) for v in files.values() if is_path(v)})
+    return files
 
 
 class PersistenceMixin:
-    """save_params/load_params with the loss-scaler state."""
+    """``save_params``/``load_params`` with the loss-scaler and RNG states,
+    crash-safe writes, validation before load, and pickling that keeps the
+    scaler coherent across devices.
+
+    Mixed into :class:`ampnet.AmpNet`; see :meth:`save_params` and
+    :meth:`load_params`.
+    """
+
+    # ---- saving ---------------------------------------------------------
+
+    def save_params(
+        self,
+        f_params: Any = None,
+        f_optimizer: Any = None,
+        f_criterion: Any = None,
+        f_history: Any = None,
+        f_grad_scaler: Any = None,
+        f_rng_state: Any = None,
+        f_lr_schedulers: Any = None,
+        f_pickle: Any = None,
+        use_safetensors: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        """Save the module parameters, optimizer, loss scaler, history and
+        more, each to its own file; the files of one call replace their old
+        versions together.
+
+        Every path is written to a temporary file in its directory and
+        renamed into place once all files of the call are complete, so a
+        process killed at any moment leaves either all old files or all new
+        ones (see :mod:`ampnet.atomic`). Open file objects are written
+        directly.
+
+        Parameters
+        ----------
+        f_params : file-like object, str, None (default=None)
+          Path of the module parameters. Pass ``None`` to not save.
+
+        f_optimizer : file-like object, str, None (default=None)
+          Path of the optimizer state. Pass ``None`` to not save.
+
+        f_criterion : file-like object, str, None (default=None)
+          Path of the criterion state. Pass ``None`` to not save.
+
+        f_history : file-like object, str, None (default=None)
+          Path of the history (JSON). Pass ``None`` to not save.
+
+        f_grad_scaler : file-like object, str, None (default=None)
+          Path of the loss-scaler state (``grad_scaler_.state_dict()``;
+          empty for a disabled scaler). Pass ``None`` to not save.
+
+        f_rng_state : file-like object, str, None (default=None)
+          Path of the global RNG states (torch, CUDA where used, numpy,
+          ``random``) that exact resume needs. Pass ``None`` to not save.
+
+        f_lr_schedulers : file-like object, str, None (default=None)
+          Path of the state of the running ``LRScheduler`` callbacks (JSON),
+          which :class:`ampnet.checkpoint.LoadInitState` restores. Pass
+          ``None`` to not save.
+
+        f_pickle : file-like object, str, None (default=None)
+          Path of a pickle of the whole net. Pass ``None`` to not save.
+
+        use_safetensors : bool (default=False)
+          Save tensors with safetensors instead of ``torch.save``. The
+          scaler and RNG states are stored as tensors then; the optimizer
+          state cannot be (it holds Python values).
+
+        **kwargs
+          ``f_<name>`` for any other attribute ``<name>_`` with a
+          ``state_dict``, as in skorch.
+
+        Raises
+        ------
+        ValueError
+          A state that safetensors cannot store; nothing is written then.
+        """
+        files = dict(
+            f_params=f_params, f_optimizer=f_optimizer, f_criterion=f_criterion,
+            f_history=f_history, f_grad_scaler=f_grad_scaler, f_rng_state=f_rng_state,
+            f_lr_schedulers=f_lr_schedulers, f_pickle=f_pickle, **kwargs,
+        )
+        _check_f_arguments("save_params", **files)
+        files = {key: val for key, val in files.items() if val is not None}
+        if not files:
+            if self.verbose:
+                print("Nothing to save")
+            return
+        writers = {target: self._writer(key, target, use_safetensors) for key, target in files.items()}
+        if len(writers) != len(files):
+            raise ValueError("save_params got the same target for two files; give each its own.")
+        atomic_write_group(writers)
+
+    def _writer(self, key: str, target: Any, safetensors: bool) -> Callable[[Any], None]:
+        source = _describe_target(key, target)
+        if key == "f_history":
+            history = self.history
+            return history.to_file
+        if key == "f_pickle":
+            return self._pickle_writer
+        if key == "f_rng_state":
+            return _state_writer(get_rng_state(), source, safetensors)
+        if key == "f_lr_schedulers":
+            return _text_writer(dumps_lr_scheduler_states(self, source))
+        attr = _attr_of(key)
+        if not self.initialized_:
+            self.check_is_fitted([attr], msg=_MSG_INIT.format(verb="save"))
+        state = self._get_module(attr, msg=_MSG_MODULE.format(verb="save")).state_dict()
+        if key == "f_grad_scaler" and safetensors:
+            state = _to_tensors(state)
+        return _state_writer(state, source, safetensors)
+
+    def _pickle_writer(self, target: Any) -> None:
+        if is_path(target):
+            with open(target, "wb") as f:
+                pickle.dump(self, f)
+        else:
+            pickle.dump(self, target)
+
+    # ---- loading --------------------------------------------------------
+
+    def load_params(
+        self,
+        f_params: Any = None,
+        f_optimizer: Any = None,
+        f_criterion: Any = None,
+        f_history: Any = None,
+        f_grad_scaler: Any = None,
+        f_rng_state: Any = None,
+        f_lr_schedulers: Any = None,
+        checkpoint: Any = None,
+        use_safetensors: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        """Load what :meth:`save_params` saved; every file is read and
+        checked before anything of the net is changed.
+
+        State other than module parameters is always read safely: the
+        scaler and RNG states with ``torch.load(..., weights_only=True)``
+        (or safetensors), the history as JSON. Module and optimizer files
+        use the net's ``torch_load_kwargs`` (``weights_only=True`` unless
+        set otherwise).
+
+        Loading a scaler state restores the scale and its trackers; the
+        net's own scaler settings (``grad_scaler__*``) stay in force, and an
+        :class:`.AmpWarning` names each setting that differed in the file.
+        For loads across precisions (float16, bfloat16, off) see the table
+        in :mod:`ampnet.persistence`.
+
+        Parameters
+        ----------
+        f_params, f_optimizer, f_criterion, f_history : file-like object, str, None (default=None)
+          As in :meth:`skorch.net.NeuralNet.load_params`.
+
+        f_grad_scaler : file-like object, str, None (default=None)
+          Path of the loss-scaler state. Pass ``None`` to not load.
+
+        f_rng_state : file-like object, str, None (default=None)
+          Path of the global RNG states; they are restored. Pass ``None``
+          to not load.
+
+        f_lr_schedulers : file-like object, str, None (default=None)
+          Path of the ``LRScheduler`` states; restored into the schedulers
+          that are running (during training, e.g. from a callback), with an
+          :class:`.AmpWarning` for the others. To resume a schedule, load
+          through :class:`ampnet.checkpoint.LoadInitState`.
+
+        checkpoint : :class:`ampnet.checkpoint.Checkpoint`, None (default=None)
+          Load every file of this checkpoint (skorch's Checkpoint works
+          too). Explicit ``f_*`` arguments override its files. A scaler,
+          RNG or scheduler file that the checkpoint does not name (skorch's
+          Checkpoint) or that does not exist (a checkpoint written before
+          ampnet saved them) is skipped with an :class:`.AmpWarning`; any
+          other missing file raises.
+
+        use_safetensors : bool (default=False)
+          Whether the files were saved with safetensors.
+
+        **kwargs
+          ``f_<name>`` for any other attribute ``<name>_``, as in skorch.
+
+        Raises
+        ------
+        ValueError
+          A file that cannot be read safely, does not match the net (keys,
+          shapes, parameter groups), is another kind of file, or holds an
+          invalid scaler state (saved from a disabled scaler, partial, a
+          scale that is NaN, zero, negative or infinite) or RNG state. The
+          message names the file; the net is left unchanged.
+
+        FileNotFoundError
+          A file is missing (for a checkpoint: any but the scaler and RNG
+          files).
+        """
+        files: dict[str, Any] = {}
+        optional: set[str] = set()
+        absent: list[str] = []
+        if checkpoint is not None:
+            if not self.initialized_:
+                self.initialize()
+            files = checkpoint_files(checkpoint, self)
+            optional = set(OPTIONAL_FILES)
+            owner = getattr(checkpoint, "checkpoint_", checkpoint)
+            absent = [name for name in OPTIONAL_FILES if not hasattr(owner, name)]
+        files.update(kwargs)
+        explicit = dict(
+            f_params=f_params, f_optimizer=f_optimizer, f_criterion=f_criterion,
+            f_history=f_history, f_grad_scaler=f_grad_scaler, f_rng_state=f_rng_state,
+            f_lr_schedulers=f_lr_schedulers,
+        )
+        for key, val in explicit.items():
+            if val:
+                files[key] = val
+                optional.discard(key)
+                if key in absent:
+                    absent.remove(key)
+        _check_f_arguments("load_params", **files)
+        files = {k: v for k, v in files.items() if v is not None and k != "f_pickle"}
+        if not files:
+            if self.verbose:
+                print("Nothing to load")
+            return
+        recover({os.path.dirname(os.path.abspath(v)) for v in files.values() if is_path(v)})
+        if checkpoint is not None:
+            files = self._drop_missing_checkpoint_files(files, optional, absent)
+        if use_safetensors and "f_optimizer" in files:
+            raise ValueError(
+                "Cannot load f_optimizer with use_safetensors=True: safetensors stores only "
+                "tensors, and an optimizer state holds Python values. Fix: load the "
+                "optimizer without safetensors, or pass f_optimizer=None (for a checkpoint: "
+                "Checkpoint(f_optimizer=None))."
+            )
+        applies = self._read_all(files, use_safetensors)
+        for apply in applies:
+            apply()
+
+    def _drop_missing_checkpoint_files(
+        self, files: dict[str, Any], optional: set[str], absent: list[str]
+    ) -> dict[str, Any]:
+        missing = [k for k, v in files.items() if is_path(v) and not os.path.exists(v)]
+        required = [k for k in missing if k not in optional]
+        if required:
+            names = ", ".join(f"{k}={os.fspath(files[k])!r}" for k in required)
+            raise FileNotFoundError(
+                f"The checkpoint is incomplete: {names} not found. Nothing was loaded. Fix: "
+                "point the checkpoint to a complete one (dirname, fn_prefix), or pass "
+                "f_<name>=None for the files it does not have."
+            )
+        notes = [
+            f"{k} file {os.fspath(files[k])!r} does not exist, so {_CONSEQUENCES[k]}"
+            for k in missing
+            if self._needs_file(k)
+        ]
+        notes += [
+            f"it does not save {k} (a skorch Checkpoint?), so {_CONSEQUENCES[k]}"
+            for k in absent
+            if self._needs_file(k)
+        ]
+        if notes:
+            warnings.warn(
+                "Loading a checkpoint without ampnet's resume files (an older checkpoint?): "
+                + "; ".join(notes) + ". Everything else was loaded.",
+                AmpWarning,
+                stacklevel=3,
+            )
+        return {k: v for k, v in files.items() if k not in missing}
+
+    def _needs_file(self, key: str) -> bool:
+        """Whether a missing optional checkpoint file loses state of this net."""
+        if key == "f_grad_scaler":
+            return self.grad_scaler_.is_enabled()
+        if key == "f_lr_schedulers":
+            return any(isinstance(cb, LRScheduler) for _, cb in self.callbacks_)
+        return True
+
+    def _read_all(self, files: dict[str, Any], safetensors: bool) -> list[Callable[[], None]]:
+        """Read and check every file; return the functions that apply them."""
+        modules, history, rng = [], [], []
+        device = self.device
+        load_kwargs = self.torch_load_kwargs or {"weights_only": True}
+        map_location = None
+        if any(k not in ("f_history", "f_rng_state", "f_grad_scaler") for k in files):
+            map_location = get_map_location(self.device)
+            device = self._check_device(self.device, map_location)
+        safe = {"weights_only": True}
+        for key, target in files.items():
+            source = _describe_target(key, target)
+            if key == "f_history":
+                rows = _read_history(target, source)
+                history.append(lambda rows=rows: setattr(self, "history", History(rows)))
+            elif key == "f_rng_state":
+                state = _read_state(target, source, safetensors, "cpu", safe)
+                validate_rng_state(state, source)
+                rng.append(lambda state=state, source=source: set_rng_state(state, source))
+            elif key == "f_lr_schedulers":
+                data = read_lr_scheduler_states(target, source)
+                history.append(lambda data=data, source=source: self._restore_schedulers(data, source))
+            else:
+                attr = _attr_of(key)
+                if not self.initialized_:
+                    self.check_is_fitted([attr], msg=_MSG_INIT.format(verb="load"))
+                obj = self._get_module(attr, msg=_MSG_MODULE.format(verb="load"))
+                if key == "f_grad_scaler":
+                    state = _read_state(target, source, safetensors, "cpu", safe)
+                    if safetensors:
+                        state = _from_tensors(state)
+                    modules.append(self._plan_grad_scaler(state, source))
+                    continue
+                state = _read_state(target, source, safetensors, map_location, load_kwargs)
+                if isinstance(obj, torch.nn.Module):
+                    _check_module_state(obj, state, source, attr)
+                elif isinstance(obj, torch.optim.Optimizer):
+                    _check_optimizer_state(obj, state, source, attr)
+                modules.append(lambda obj=obj, state=state: obj.load_state_dict(state))
+
+        def set_device() -> None:
+            if device != self.device:
+                self.device = device
+
+        # the RNG last: nothing after it may draw random numbers
+        return [set_device, *modules, *history, *rng]
+
+    def _restore_schedulers(self, data: dict[str, Any], source: str) -> None:
+        notes = restore_lr_schedulers(self, data)
+        if notes:
+            warnings.warn(
+                f"Learning-rate schedulers not restored from {source}: " + "; ".join(notes) + ".",
+                AmpWarning,
+                stacklevel=4,
+            )
+
+    def _plan_grad_scaler(self, state: Any, source: str) -> Callable[[], None]:
+        """Check a scaler state against this net's scaler; return what loads it.
+
+        See the table in :mod:`ampnet.persistence` for each precision pair.
+        """
+        scaler = self.grad_scaler_
+        if not scaler.is_enabled():
+            if isinstance(state, Mapping) and not state:
+                return lambda: None  # no scaler state on either side
+            validate_scaler_state(state, source)
+            policy = self.precision_policy_
+            message = (
+                f"{source} holds the state of an enabled loss scaler (scale "
+                f"{float(state['scale']):g}), but this net trains in {policy.name} "
+                "without loss scaling, so the scaler state was not loaded (everything "
+                "else was). This is expected when switching from float16 to bfloat16 or "
+                "float32; pass f_grad_scaler=None to load without this warning."
+            )
+            return lambda: warnings.warn(message, AmpWarning, stacklevel=4)
+        validate_scaler_state(state, source)
+        version = state.get("ampnet_scaler_version", _STATE_VERSION)
+        if not isinstance(version, int) or version > _STATE_VERSION:
+            raise ValueError(
+                f"{source} has scaler state version {version!r}; this ampnet reads versions "
+                f"up to {_STATE_VERSION}. Fix: upgrade ampnet."
+            )
+        own = scaler.state_dict()
+        settings = [k for k in own if k not in _SCALER_TRACKERS]
+        notes = [
+            f"{k}={_plain(state[k])!r} in the file, {own[k]!r} in the net"
+            for k in settings
+            if k in state and _plain(state[k]) != own[k]
+        ]
+        unknown = sorted(str(k) for k in state if k not in own)
+        if unknown:
+            notes.append(f"{unknown} in the file are not used by {type(scaler).__name__}")
+        merged = {k: _plain(v) for k, v in state.items() if k in own}
+        merged.update({k: own[k] for k in settings})
+        merged["scale"] = float(merged["scale"])
+        low, high = own.get("min_scale"), own.get("max_scale")
+        if low is not None and high is not None and not low <= merged["scale"] <= high:
+            clamped = min(max(merged["scale"], low), high)
+            notes.append(
+                f"scale {merged['scale']:g} lies outside the net's [min_scale, max_scale] = "
+                f"[{low:g}, {high:g}] and was clamped to {clamped:g}"
+            )
+            merged["scale"] = clamped
+        message = (
+            f"Loaded the loss scale from {source}; the net's own scaler settings stay in "
+            "force (set them with set_params(grad_scaler__<name>=...)): " + "; ".join(notes) + "."
+        )
+
+        def apply() -> None:
+            scaler.load_state_dict(merged)
+            if notes:
+                warnings.warn(message, AmpWarning, stacklevel=4)
+
+        return apply
+
+    # ---- pickling -------------------------------------------------------
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)  # type: ignore[misc]
+        # skorch maps a CUDA net to the CPU when CUDA is missing; keep the
+        # loss scaler on the device type the net now uses
+        scaler = self.__dict__.get("grad_scaler_")
+        if scaler is None or not hasattr(scaler, "_device"):
+            return
+        device_type = torch.device(self.device or "cpu").type
+        if scaler._device != device_type:
+            scaler._device = device_type
+            for name in ("_scale", "_growth_tracker"):
+                value = getattr(scaler, name, None)
+                if isinstance(value, torch.Tensor):
+                    setattr(scaler, name, value.to(device_type))
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return value.item()
+    return value
+
+
+def _text_writer(text: str) -> Callable[[Any], None]:
+    def write(target: Any) -> None:
+        if is_path(target):
+            with open(target, "w", encoding="utf-8") as f:
+                f.write(text)
+        else:
+            target.write(text)
+
+    return write
+
+
+def _state_writer(state: Any, source: str, safetensors: bool) -> Callable[[Any], None]:
+    if not safetensors:
+        return lambda target: torch.save(state, target)
+    bad = sorted(str(k) for k, v in state.items() if not isinstance(v, torch.Tensor))
+    if bad:
+        raise ValueError(
+            f"Cannot save {source} with use_safetensors=True: safetensors stores only "
+            f"tensors, and {bad[:4]} are Python values (an optimizer state cannot be "
+            "stored). Fix: pass use_safetensors=False, or leave this file out. Nothing "
+            "was written."
+        )
+
+    def write(target: Any) -> None:
+        from safetensors.torch import save, save_file
+
+        if is_path(target):
+            save_file(state, os.fspath(target))
+        else:
+            target.write(save(state))
+
+    return write

@@ -1,0 +1,233 @@
+"""Exact resume: a run stopped cleanly or killed mid-epoch resumes in a
+fresh process from its last checkpoint and ends bitwise identical to the
+run that was never interrupted; a process killed while writing checkpoints
+always leaves the last one whole."""
+
+import json
+import multiprocessing
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import resume_script as rs
+from ampnet import AmpNetClassifier
+from ampnet.atomic import JOURNAL_NAME, TEMP_SUFFIX
+from ampnet.checkpoint import Checkpoint
+from ampnet.exceptions import AmpWarning
+from ampnet.rng import get_rng_state, set_rng_state
+
+SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "resume_script.py")
+STOP = 3  # epochs of the interrupted run before it stops
+
+
+def quietly(fn, *args, **kwargs):
+    """Run ``fn`` ignoring only the float16-on-CPU notice of each fit."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="float16 autocast on CPU", category=AmpWarning)
+        return fn(*args, **kwargs)
+
+
+def final_state(out):
+    """What ``resume_script.run`` saved at the end (history without durations)."""
+    state = {
+        name: torch.load(os.path.join(out, name + ".pt"), weights_only=True)
+        for name in ("params", "optimizer", "grad_scaler")
+    }
+    with open(os.path.join(out, "history.json"), encoding="utf-8") as f:
+        state["history"] = [{k: v for k, v in row.items() if k != "dur"} for row in json.load(f)]
+    return state
+
+
+def differences(a, b, path="state"):
+    """Where ``a`` and ``b`` differ: tensors bitwise (and dtype), the rest by ==."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        same = (
+            isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+            and a.dtype == b.dtype and torch.equal(a, b)
+        )
+        return [] if same else [path]
+    if isinstance(a, dict) and isinstance(b, dict):
+        if a.keys() != b.keys():
+            return [f"{path} keys {sorted(map(str, a.keys() ^ b.keys()))}"]
+        return [d for k in a for d in differences(a[k], b[k], f"{path}[{k!r}]")]
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        if len(a) != len(b):
+            return [f"{path} length {len(a)} != {len(b)}"]
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in differences(x, y, f"{path}[{i}]")]
+    return [] if a == b else [f"{path}: {a!r} != {b!r}"]
+
+
+def run_script(*args):
+    proc = subprocess.run(
+        [sys.executable, SCRIPT, *args], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def saved_epochs(dirname):
+    with open(os.path.join(dirname, "history.json"), encoding="utf-8") as f:
+        return len(json.load(f))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The uninterrupted run (in this process)."""
+    root = tmp_path_factory.mktemp("reference")
+    quietly(rs.run, str(root / "cp"), str(root / "out"))
+    return final_state(str(root / "out"))
+
+
+def test_reference_run_exercises_skips_and_held_scheduler(reference):
+    history = reference["history"]
+    assert len(history) == rs.N_EPOCHS
+    assert sum(row["skipped_steps"] for row in history) >= 8
+    # every step of epochs 1-2 overflowed: the LR scheduler did not step there
+    assert [("event_lr" in row) for row in history[:3]] == [False, False, True]
+    assert 1.0 <= reference["grad_scaler"]["scale"] < 2.0**24  # backed off from init_scale
+
+
+def test_bitexact_resume_after_clean_stop(tmp_path, reference):
+    cp = str(tmp_path / "cp")
+    quietly(rs.run, cp, None, stop_after=STOP)
+    assert saved_epochs(cp) == STOP
+    run_script(cp, str(tmp_path / "out"))  # a fresh process resumes through LoadInitState
+    assert differences(final_state(str(tmp_path / "out")), reference) == []
+
+
+def test_bitexact_resume_after_sigkill_mid_epoch(tmp_path, reference):
+    cp, out = str(tmp_path / "cp"), str(tmp_path / "out")
+    proc = subprocess.Popen(
+        [sys.executable, SCRIPT, cp, out, "--hang-epoch", str(STOP + 1)],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )
+    guard = threading.Timer(120, proc.kill)  # never hang the test suite
+    guard.start()
+    try:
+        for line in proc.stdout:
+            if line.strip() == rs.KILL_MARKER:  # in epoch STOP + 1, after batch 2
+                os.kill(proc.pid, signal.SIGKILL)
+                break
+        proc.wait()
+    finally:
+        guard.cancel()
+        proc.stdout.close()
+    assert proc.returncode == -signal.SIGKILL
+    assert not os.path.exists(out)
+    assert saved_epochs(cp) == STOP  # the last checkpoint is from before the kill
+    run_script(cp, out)
+    assert differences(final_state(out), reference) == []
+
+
+@pytest.mark.parametrize("left_out", ["f_grad_scaler", "f_rng_state", "f_lr_schedulers"])
+def test_resume_without_a_state_file_differs(tmp_path, reference, left_out):
+    """Negative controls: the comparison above detects a missing piece."""
+    cp = str(tmp_path / "cp")
+    quietly(rs.run, cp, None, stop_after=STOP, **{left_out: None})
+    quietly(rs.run, cp, str(tmp_path / "out"), **{left_out: None})
+    assert len(final_state(str(tmp_path / "out"))["history"]) == rs.N_EPOCHS
+    assert any(
+        d.startswith(("state['params']", "state['optimizer']"))
+        for d in differences(final_state(str(tmp_path / "out")), reference)
+    )
+
+
+# ---- killed during checkpoint writes --------------------------------------
+
+
+def _set_state(net, i):
+    """Make every file of the checkpoint tell which save it belongs to."""
+    with torch.no_grad():
+        for p in net.module_.parameters():
+            p.fill_(float(i))
+    for group in net.optimizer_.param_groups:
+        group["lr"] = float(i)
+    scaler = net.grad_scaler_.state_dict()
+    scaler.update(scale=float(i), _growth_tracker=i % 5)
+    net.grad_scaler_.load_state_dict(scaler)
+    net.history.new_epoch()
+    net.history.new_batch()
+    net.history.record("marker", i)
+    net.history.record("event_cp", True)
+    torch.manual_seed(i)
+    np.random.seed(i)
+
+
+def _save_forever(net, cp, first, done):  # runs in the forked child
+    i = first
+    while i < first + 100000:
+        _set_state(net, i)
+        cp.save_model(net)
+        done.value = i
+        i += 1
+
+
+def _fp16_net():
+    return AmpNetClassifier(
+        rs.Tiny, amp_enabled=True, amp_dtype="float16", max_epochs=1, verbose=0,
+        optimizer=torch.optim.Adam, grad_scaler__min_scale=1.0, grad_scaler__max_scale=1e9,
+    ).initialize()
+
+
+def _loaded_marker(cp):
+    """Load the checkpoint into a fresh net; check that all files agree."""
+    net = _fp16_net()
+    net.load_params(checkpoint=cp)
+    i = net.history[-1, "marker"]
+    assert all(bool((p == float(i)).all()) for p in net.module_.parameters()), i
+    assert net.optimizer_.param_groups[0]["lr"] == float(i)
+    assert net.grad_scaler_.get_scale() == float(i)
+    assert torch.equal(torch.rand(4), torch.rand(4, generator=torch.Generator().manual_seed(i)))
+    assert np.random.rand() == np.random.RandomState(i).rand()
+    return i
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "fork") or not hasattr(signal, "SIGKILL"), reason="needs fork and SIGKILL"
+)
+def test_killed_saves_always_leave_a_loadable_checkpoint(tmp_path):
+    """Kill a process at random moments while it writes checkpoints in a
+    loop; every time, the last checkpoint loads and all its files come from
+    the same save. The writer is forked from this process (a fresh
+    interpreter per kill would spend seconds importing torch)."""
+    saved_rng = get_rng_state()
+    cp = Checkpoint(monitor=None, dirname=str(tmp_path))
+    cp.initialize()
+    net = _fp16_net()
+    _set_state(net, 1)
+    cp.save_model(net)
+    last = 1
+    ctx = multiprocessing.get_context("fork")
+    done = ctx.Value("q", -1)
+    chance = random.Random(0)
+    mid_save = 0
+    try:
+        for kill in range(25):
+            first = (kill + 1) * 1000
+            done.value = -1
+            child = ctx.Process(target=_save_forever, args=(net, cp, first, done))
+            child.start()
+            time.sleep(chance.uniform(0.01, 0.12))
+            os.kill(child.pid, signal.SIGKILL)
+            child.join()
+            assert child.exitcode == -signal.SIGKILL
+            leftovers = [n for n in os.listdir(tmp_path) if n.endswith(TEMP_SUFFIX) or n == JOURNAL_NAME]
+            mid_save += bool(leftovers)
+            completed = done.value
+            allowed = (last, first) if completed < 0 else (completed, completed + 1)
+            last = _loaded_marker(cp)
+            assert last in allowed
+        assert mid_save >= 5  # the kills did land inside saves
+        cp.save_model(net)  # a later save cleans what the killed writers left
+        assert not [n for n in os.listdir(tmp_path) if n.endswith(TEMP_SUFFIX) or n == JOURNAL_NAME]
+    finally:
+        set_rng_state(saved_rng)
