@@ -1,0 +1,248 @@
+"""Rendering of the results document: Markdown, JSON and a PNG chart."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from ampnet.benchmark.config import OPTIMIZERS
+from ampnet.benchmark.machine import RECOMMENDED_MALLOC_ENV
+
+__all__ = ["to_markdown", "write_json", "write_chart", "write_all"]
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    if value >= 1.0:
+        return f"{value:.3f} s"
+    return f"{value * 1000:.1f} ms"
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return "n/a" if value is None or not math.isfinite(value) else format(value, fmt)
+
+
+def _machine_md(m: dict[str, Any]) -> list[str]:
+    flags = m["cpu_flags"]
+    gpu = m["gpu"]
+    malloc = ", ".join(f"{k}={v if v is not None else 'unset'}" for k, v in m["malloc_env"].items())
+    commit = f" (commit {m['ampnet_commit']})" if m.get("ampnet_commit") else ""
+    load = " ".join(map(str, m["load_average_at_start"])) if m["load_average_at_start"] else "n/a"
+    rows = [
+        ("CPU", f"{m['cpu_model']} ({m['logical_cores']} logical cores, {m['usable_cores']} usable)"),
+        (
+            "CPU low precision",
+            f"avx512_bf16: {'yes' if flags['avx512_bf16'] else 'no'}, "
+            f"amx_bf16: {'yes' if flags['amx_bf16'] else 'no'}, "
+            f"avx512f: {'yes' if flags['avx512f'] else 'no'} "
+            f"(torch CPU capability {m['torch_cpu_capability']})",
+        ),
+        (
+            "Threads",
+            f"torch {m['torch_threads']} intra-op, {m['torch_interop_threads']} inter-op; "
+            f"OMP_NUM_THREADS={m['omp_num_threads'] or 'unset'}",
+        ),
+        (
+            "GPU",
+            f"{gpu['name']} (compute capability {'.'.join(map(str, gpu['capability']))}, CUDA {gpu['cuda']})"
+            if gpu
+            else "none",
+        ),
+        (
+            "Versions",
+            f"Python {m['python']}, torch {m['torch']}, skorch {m['skorch']}, "
+            f"ampnet {m['ampnet']}{commit}",
+        ),
+        ("malloc environment", malloc),
+        ("Load average at start", load),
+        ("Date (UTC)", m["date_utc"]),
+    ]
+    lines = ["| Machine | |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in rows]
+    return lines
+
+
+def _settings_md(cfg: dict[str, Any]) -> str:
+    name, default_lr, extra = OPTIMIZERS[cfg["optimizer"]]
+    lr = default_lr if cfg["lr"] is None else cfg["lr"]
+    opt = ", ".join([f"lr={lr:g}"] + [f"{k}={v}" for k, v in extra])
+    batching = (
+        "torch DataLoader over skorch.dataset.Dataset (skorch's default), the same for every contender"
+        if cfg["batching"] == "dataloader"
+        else "shuffled index slices of the pre-generated tensors, the same for every contender"
+    )
+    text = (
+        f"Settings: device `{cfg['device']}`, AMP dtype `{cfg['dtype']}`, "
+        f"{cfg['rounds']} rounds x {cfg['epochs']} measured epochs (+{cfg['warmup']} warm-up "
+        f"epochs per run, not measured), optimizer {name}({opt}), seed {cfg['seed']}; "
+        f"batching: {batching}; memory: {cfg['memory_method']}."
+    )
+    if cfg["quick"]:
+        text += " **Quick mode: tiny sizes; the issue's targets do not apply.**"
+    return text
+
+
+def _memory_cell(mem: dict[str, Any] | None) -> str:
+    if not mem:
+        return "n/a"
+    if mem["delta_mb"] is None:
+        return f"{mem['peak_mb']:.0f} MB (process)"
+    return f"{mem['peak_mb']:.0f} MB ({mem['delta_mb']:+.0f})"
+
+
+def _workload_md(w: dict[str, Any]) -> list[str]:
+    unit = "call" if w["task"] == "predict" else "epoch"
+    lines = [
+        f"## {w['name']}: {w['title']}",
+        "",
+        f"Batch size {w['batch_size']}, {w['n_samples']} samples ({w['n_batches']} batches) per {w['unit']}.",
+        "",
+        f"| Contender | Time/{unit} | ms/batch | samples/s | x {w['reference']} | Peak memory (+run) | Final loss | Accuracy |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    unavailable = []
+    for c in w["contenders"]:
+        if not c["available"]:
+            lines.append(f"| {c['key']} | not available | | | | | | |")
+            unavailable.append(f"{c['key']} not available: {c['error']}")
+            continue
+        lines.append(
+            f"| {c['key']} | {_seconds(c['median_s'])} | {_num(c['ms_per_batch'], '.3f')} | "
+            f"{_num(c['samples_per_s'], ',.0f')} | {_num(c['ratio_to_reference']['median'], '.3f')} | "
+            f"{_memory_cell(c['memory'])} | {_num(c['final_loss'], '.4f')} | {_num(c['accuracy'], '.3f')} |"
+        )
+    comps = [c for c in w["comparisons"] if c["median"] is not None]
+    if comps:
+        lines += [
+            "",
+            "| Comparison (per-round ratios) | Median | Range | Target | Met |",
+            "|---|---:|---:|---:|:---:|",
+        ]
+        for c in comps:
+            met = "" if c["met"] is None else ("yes" if c["met"] else "**no**")
+            lines.append(
+                f"| {c['label']} | {c['median']:.3f} | {c['min']:.3f}-{c['max']:.3f} | "
+                f"{c['target'] or ''} | {met} |"
+            )
+    notes = list(w["notes"]) + unavailable
+    for c in w["contenders"]:
+        notes += [f"{c['key']}: {n}" for n in c["notes"]]
+        notes += [f"{c['key']} warned: {msg}" for msg in c["warnings"]]
+    lines += [""] + [f"- {n}" for n in notes]
+    lines.append(f"- Workload time: {w['elapsed_s']:.1f} s.")
+    return lines
+
+
+def to_markdown(results: dict[str, Any]) -> str:
+    """The results document as Markdown: machine description, settings,
+    then per workload a contender table, a comparison table and notes.
+
+    Parameters
+    ----------
+    results : dict
+      As returned by :func:`ampnet.benchmark.runner.run_benchmark`.
+
+    Returns
+    -------
+    str
+    """
+    lines = ["# ampnet benchmark", ""]
+    lines += _machine_md(results["machine"])
+    lines += ["", _settings_md(results["config"]), ""]
+    m = results["machine"]["malloc_env"]
+    if not (m.get("MALLOC_MMAP_MAX_") and m.get("MALLOC_TRIM_THRESHOLD_")):
+        lines += [
+            f"glibc may return buffers to the OS after every step, which makes CPU timings "
+            f"noisy; compare with a run under `{RECOMMENDED_MALLOC_ENV}`.",
+            "",
+        ]
+    lines += [
+        "Times are medians over rounds of each run's median measured epoch; "
+        "\"x reference\" and the comparisons are computed within each round and "
+        "summarized by their median.",
+        "",
+    ]
+    for w in results["workloads"]:
+        lines += _workload_md(w) + [""]
+    lines.append(f"Total time: {results['elapsed_s']:.1f} s.")
+    return "\n".join(lines) + "\n"
+
+
+def _clean(obj: Any) -> Any:
+    """Replace NaN and infinities by None (strict JSON)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def write_json(results: dict[str, Any], path: str | Path) -> Path:
+    """Write the results document as strict JSON; returns the path."""
+    path = Path(path)
+    path.write_text(json.dumps(_clean(results), indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    return path
+
+
+def write_chart(results: dict[str, Any], path: str | Path) -> Path:
+    """One panel per workload: each contender's time relative to the
+    workload's reference (median of per-round ratios, whiskers from the
+    smallest to the largest round), annotated with ms/batch."""
+    # a Figure with its own Agg canvas: no pyplot, no global backend switch
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    workloads = results["workloads"]
+    fig = Figure(figsize=(8, 0.5 + 2.2 * len(workloads)))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(len(workloads), 1, squeeze=False)
+    colors = {"raw": "#7f7f7f", "skorch": "#1f77b4", "ampnet": "#d62728"}
+    for ax, w in zip(axes[:, 0], workloads):
+        contenders = w["contenders"][::-1]
+        labels = [c["key"] for c in contenders]
+        right = 1.0
+        for i, c in enumerate(contenders):
+            ratio = c["ratio_to_reference"]["median"]
+            if not c["available"] or ratio is None:
+                ax.text(0.02, i, "not available", va="center", transform=ax.get_yaxis_transform())
+                continue
+            rounds = [x for x in c["ratio_to_reference"]["per_round"] if x is not None]
+            err = [[ratio - min(rounds)], [max(rounds) - ratio]]
+            ax.barh(i, ratio, color=colors[c["framework"]], alpha=0.9 if c["amp"] else 0.5,
+                    xerr=err, capsize=3)
+            ax.text(max(rounds), i, f"  {c['ms_per_batch']:.2f} ms/batch", va="center", fontsize=8)
+            right = max(right, max(rounds))
+        ax.axvline(1.0, color="black", linewidth=0.8)
+        ax.set_yticks(range(len(labels)), labels)
+        ax.set_title(f"{w['name']}: {w['title']}", fontsize=10)
+        ax.set_xlabel(f"time per {w['unit']} relative to {w['reference']} (lower is faster)")
+        ax.set_xlim(0, 1.4 * right)
+    cfg = results["config"]
+    fig.suptitle(
+        f"ampnet benchmark: {results['machine']['cpu_model']}, {cfg['device']}, {cfg['dtype']}"
+        + (" (quick mode)" if cfg["quick"] else ""),
+        fontsize=11,
+    )
+    fig.tight_layout(rect=(0, 0, 1, 0.98))
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def write_all(results: dict[str, Any], out_dir: str | Path) -> dict[str, Path]:
+    """Write ``results.md``, ``results.json`` and ``results.png`` into
+    ``out_dir`` (created if needed); returns the paths by kind."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    md = out / "results.md"
+    md.write_text(to_markdown(results), encoding="utf-8")
+    return {
+        "md": md,
+        "json": write_json(results, out / "results.json"),
+        "png": write_chart(results, out / "results.png"),
+    }

@@ -1,0 +1,351 @@
+"""Interleaved rounds of runs, per-round ratios and the results document.
+
+Within a workload, round ``r`` runs every contender once, in the fixed
+order of :data:`ampnet.benchmark.contenders.CONTENDERS` (A B C, A B C, ...).
+Each run builds a fresh model from the same seed, trains ``warmup +
+epochs`` epochs and keeps the median of the measured epochs as that
+round's time. Ratios are computed inside each round (so slow drifts of the
+machine cancel) and summarized by their median over rounds.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from ampnet.benchmark.config import BenchConfig
+from ampnet.benchmark.contenders import (
+    CONTENDERS,
+    Contender,
+    RunOutcome,
+    run_contender,
+    train_reference_weights,
+)
+from ampnet.benchmark.machine import describe_machine
+from ampnet.benchmark.memory import MemoryMeter, MemoryReading, describe_method, probe_in_subprocess
+from ampnet.benchmark.workloads import Workload
+
+__all__ = ["Comparison", "COMPARISONS", "SCHEMA_VERSION", "run_benchmark", "run_workload"]
+
+#: Version of the JSON results layout.
+SCHEMA_VERSION = 1
+
+Logger = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A per-round ratio between two contenders.
+
+    Attributes
+    ----------
+    key : str
+      Identifier (JSON, targets).
+
+    label : str
+      Description for the report.
+
+    a, b : str
+      Contender keys.
+
+    kind : str
+      ``'speedup'``: time(b) / time(a), how many times faster ``a`` is;
+      ``'time_ratio'``: time(a) / time(b), ``a``'s time relative to ``b``'s.
+    """
+
+    key: str
+    label: str
+    a: str
+    b: str
+    kind: str
+
+    def value(self, time_a: float, time_b: float) -> float:
+        """The ratio for one round."""
+        return time_b / time_a if self.kind == "speedup" else time_a / time_b
+
+
+#: The comparisons reported for every workload (where both contenders ran).
+COMPARISONS: tuple[Comparison, ...] = (
+    Comparison("ampnet_mixed_speedup", "AmpNet mixed: speed-up over AmpNet fp32", "ampnet-mixed", "ampnet-fp32", "speedup"),
+    Comparison("ampnet_pure_speedup", "AmpNet pure: speed-up over AmpNet fp32", "ampnet-pure", "ampnet-fp32", "speedup"),
+    Comparison("raw_amp_speedup", "PyTorch loop: AMP speed-up over fp32", "raw-amp", "raw-fp32", "speedup"),
+    Comparison("ampnet_mixed_vs_raw_amp", "AmpNet mixed time / PyTorch AMP loop time", "ampnet-mixed", "raw-amp", "time_ratio"),
+    Comparison("ampnet_fp32_vs_raw_fp32", "AmpNet fp32 time / PyTorch fp32 loop time", "ampnet-fp32", "raw-fp32", "time_ratio"),
+    Comparison("ampnet_fp32_vs_skorch", "AmpNet fp32 time / skorch time", "ampnet-fp32", "skorch-fp32", "time_ratio"),
+    Comparison("skorch_vs_raw_fp32", "skorch time / PyTorch fp32 loop time", "skorch-fp32", "raw-fp32", "time_ratio"),
+    Comparison("pure_vs_mixed", "AmpNet pure time / AmpNet mixed time", "ampnet-pure", "ampnet-mixed", "time_ratio"),
+)
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+@dataclass
+class _Record:
+    """Everything measured for one contender on one workload."""
+
+    contender: Contender
+    round_times: list[float | None] = field(default_factory=list)
+    outcomes: list[RunOutcome] = field(default_factory=list)
+    memory: list[MemoryReading] = field(default_factory=list)
+    error: str | None = None
+
+
+def _selected(cfg: BenchConfig) -> list[Contender]:
+    if cfg.contenders is None:
+        return list(CONTENDERS)
+    return [c for c in CONTENDERS if c.key in cfg.contenders]
+
+
+def _memory_summary(readings: list[MemoryReading]) -> dict[str, Any] | None:
+    if not readings:
+        return None
+    deltas = [r.delta_mb for r in readings if r.delta_mb is not None]
+    return {
+        "method": readings[0].method,
+        "peak_mb": statistics.median(r.peak_mb for r in readings),
+        "delta_mb": statistics.median(deltas) if deltas else None,
+    }
+
+
+def _contender_summary(
+    rec: _Record, wl: Workload, ref: _Record | None, n_rounds: int
+) -> dict[str, Any]:
+    c = rec.contender
+    times = [t for t in rec.round_times if t is not None]
+    all_epochs = [t for o in rec.outcomes for t in o.epoch_times]
+    median = _median(times)
+    ratios: list[float | None] = []
+    if ref is not None:
+        for r in range(n_rounds):
+            mine = rec.round_times[r] if r < len(rec.round_times) else None
+            theirs = ref.round_times[r] if r < len(ref.round_times) else None
+            ratios.append(mine / theirs if mine and theirs else None)
+    ratio_values = [x for x in ratios if x is not None]
+    notes = []
+    if rec.error is not None and times:
+        notes.append(f"failed after {len(times)} round(s), later rounds skipped: {rec.error}")
+    if c.level == "pure" and rec.outcomes and not any(
+        d in ("bfloat16", "float16") for o in rec.outcomes for d in o.param_dtypes
+    ):
+        notes.append(
+            "amp_level='pure' ran, but the module's parameters stayed "
+            f"{'/'.join(rec.outcomes[-1].param_dtypes)}: pure low-precision weights seem "
+            "not implemented yet, so this measures the mixed path."
+        )
+    return {
+        "key": c.key,
+        "label": c.label,
+        "framework": c.framework,
+        "amp": c.amp,
+        "level": c.level if c.framework == "ampnet" and c.amp else None,
+        "available": bool(times),
+        "error": rec.error,
+        "round_times_s": rec.round_times,
+        "epoch_times_s": [o.epoch_times for o in rec.outcomes],
+        "median_s": median,
+        "min_epoch_s": min(all_epochs) if all_epochs else None,
+        "max_epoch_s": max(all_epochs) if all_epochs else None,
+        "samples_per_s": wl.n_samples / median if median else None,
+        "ms_per_batch": 1000.0 * median / wl.n_batches if median else None,
+        "ratio_to_reference": {
+            "median": _median(ratio_values),
+            "per_round": ratios,
+        },
+        "memory": _memory_summary(rec.memory),
+        "final_loss": _median([o.final_loss for o in rec.outcomes]),
+        "accuracy": _median([o.accuracy for o in rec.outcomes]),
+        "param_dtypes": rec.outcomes[-1].param_dtypes if rec.outcomes else None,
+        "warnings": list(dict.fromkeys(w for o in rec.outcomes for w in o.warnings)),
+        "notes": notes,
+    }
+
+
+def _comparisons(records: dict[str, _Record], wl: Workload, n_rounds: int) -> list[dict[str, Any]]:
+    targets = {t.comparison: t for t in wl.targets}
+    out = []
+    for comp in COMPARISONS:
+        a, b = records.get(comp.a), records.get(comp.b)
+        if a is None or b is None:
+            continue
+        per_round: list[float | None] = []
+        for r in range(n_rounds):
+            ta = a.round_times[r] if r < len(a.round_times) else None
+            tb = b.round_times[r] if r < len(b.round_times) else None
+            per_round.append(comp.value(ta, tb) if ta and tb else None)
+        values = [v for v in per_round if v is not None]
+        median = _median(values)
+        target = targets.get(comp.key)
+        out.append(
+            {
+                "key": comp.key,
+                "label": comp.label,
+                "kind": comp.kind,
+                "a": comp.a,
+                "b": comp.b,
+                "median": median,
+                "min": min(values) if values else None,
+                "max": max(values) if values else None,
+                "per_round": per_round,
+                "target": target.text() if target else None,
+                "met": (target.met(median) if target and median is not None else None),
+            }
+        )
+    return out
+
+
+def _fp32_consistency(records: dict[str, _Record]) -> str | None:
+    losses = {
+        k: _median([o.final_loss for o in records[k].outcomes])
+        for k in ("raw-fp32", "skorch-fp32", "ampnet-fp32")
+        if k in records and records[k].outcomes
+    }
+    if len(losses) < 2:
+        return None
+    values = list(losses.values())
+    spread = (max(values) - min(values)) / max(abs(min(values)), 1e-12)
+    text = ", ".join(f"{k} {v:.6g}" for k, v in losses.items())
+    if spread <= 1e-3:
+        return (
+            f"Fairness check: the float32 contenders reach the same final loss ({text}; "
+            f"relative spread {spread:.1e}): same data, initial weights and batch order."
+        )
+    return (
+        f"Fairness check FAILED: the float32 contenders' final losses differ ({text}; "
+        f"relative spread {spread:.1e}); they should train identically."
+    )
+
+
+def run_workload(
+    wl: Workload, cfg: BenchConfig, log: Logger = _stderr
+) -> dict[str, Any]:
+    """Run all selected contenders on one workload in interleaved rounds.
+
+    Parameters
+    ----------
+    wl : Workload
+      The workload.
+
+    cfg : BenchConfig
+      Rounds, epochs, warm-up, device, ... .
+
+    log : callable
+      Receives one progress line per run.
+
+    Returns
+    -------
+    dict
+      The workload's section of the results document (see :func:`run_benchmark`).
+    """
+    started = time.perf_counter()
+    data = wl.make_data(cfg.seed)
+    weights = train_reference_weights(wl, data, cfg) if wl.task == "predict" else None
+    contenders = _selected(cfg)
+    records = {c.key: _Record(c) for c in contenders}
+    memory = cfg.memory_method
+    for r in range(cfg.rounds):
+        for c in contenders:
+            rec = records[c.key]
+            if rec.error is not None:
+                rec.round_times.append(None)
+                continue
+            gc.collect()
+            meter = MemoryMeter(cfg.device) if memory == "inprocess" else None
+            try:
+                outcome = run_contender(c, wl, data, cfg, weights=weights, meter=meter)
+            except Exception as exc:  # a contender that cannot run is reported, not fatal
+                rec.error = f"{type(exc).__name__}: {exc}"
+                rec.round_times.append(None)
+                log(f"[{wl.name}] round {r + 1}/{cfg.rounds} {c.key}: not available ({rec.error})")
+                continue
+            seconds = statistics.median(outcome.epoch_times)
+            rec.round_times.append(seconds)
+            rec.outcomes.append(outcome)
+            if meter is not None and meter.reading is not None:
+                rec.memory.append(meter.reading)
+            log(f"[{wl.name}] round {r + 1}/{cfg.rounds} {c.key}: {seconds * 1000:.1f} ms")
+    if memory == "subprocess":
+        for c in contenders:
+            rec = records[c.key]
+            if rec.error is not None:
+                continue
+            try:
+                rec.memory.append(probe_in_subprocess(cfg.to_dict(), wl.name, c.key))
+                log(f"[{wl.name}] memory {c.key}: {rec.memory[-1].peak_mb:.0f} MB")
+            except Exception as exc:
+                log(f"[{wl.name}] memory {c.key}: probe failed ({exc})")
+
+    ref_key = "raw-fp32" if "raw-fp32" in records else contenders[0].key
+    ref = records[ref_key]
+    summaries = [
+        _contender_summary(records[c.key], wl, ref, cfg.rounds) for c in contenders
+    ]
+    notes = [describe_method(memory, cfg.device_type)]
+    if wl.task == "predict":
+        notes.append(
+            "Every contender predicts with the same weights (one untimed float32 epoch "
+            "of the PyTorch loop); final loss is the cross-entropy of the predicted "
+            "probabilities and accuracy is over the predicted rows."
+        )
+    check = _fp32_consistency(records)
+    if check:
+        notes.append(check)
+    return {
+        "name": wl.name,
+        "title": wl.title,
+        "task": wl.task,
+        "unit": "predict_proba call" if wl.task == "predict" else "epoch",
+        "batch_size": wl.batch_size,
+        "n_samples": wl.n_samples,
+        "n_batches": wl.n_batches,
+        "reference": ref_key,
+        "contenders": summaries,
+        "comparisons": _comparisons(records, wl, cfg.rounds),
+        "notes": notes,
+        "elapsed_s": time.perf_counter() - started,
+    }
+
+
+def run_benchmark(cfg: BenchConfig, log: Logger = _stderr) -> dict[str, Any]:
+    """Run every workload of ``cfg`` and return the results document.
+
+    Parameters
+    ----------
+    cfg : BenchConfig
+      What to run.
+
+    log : callable
+      Receives progress lines.
+
+    Returns
+    -------
+    dict
+      ``{"schema_version", "machine", "config", "workloads": [...],
+      "elapsed_s"}``; each workload holds ``contenders`` (with
+      ``median_s``, ``samples_per_s``, ``ms_per_batch``,
+      ``ratio_to_reference``, ``memory``, ``final_loss``, ``accuracy``,
+      ``available``/``error``) and ``comparisons`` (per-round ratios,
+      their median and the issue's target where one applies).
+    """
+    torch.set_num_threads(cfg.threads)
+    started = time.perf_counter()
+    machine = describe_machine()
+    workloads = [run_workload(cfg.workload(name), cfg, log) for name in cfg.workloads]
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "machine": machine,
+        "config": {**cfg.to_dict(), "memory_method": cfg.memory_method},
+        "workloads": workloads,
+        "elapsed_s": time.perf_counter() - started,
+    }
