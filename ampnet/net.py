@@ -47,6 +47,35 @@ AMP_DOC = """
       8.0+, float16 on older GPUs and on MPS. float16 uses loss scaling;
       bfloat16 does not.
 
+    amp_level : str (default='mixed')
+      ``'mixed'``: autocast over float32 weights. ``'pure'``: float32
+      parameters are stored and computed in the low-precision dtype, except
+      those of normalization layers (BatchNorm, LayerNorm, GroupNorm,
+      InstanceNorm, RMSNorm) and of ``amp_fp32_modules``; the forward still
+      runs under autocast. float16 keeps loss scaling.
+
+    amp_master_weights : bool (default=True)
+      With ``'pure'``: the optimizer updates float32 master copies
+      (``amp_master_params_``) and the low-precision weights are refreshed
+      from them after each step; gradients are accumulated in float32.
+      False (bfloat16 only): the optimizer updates the low-precision
+      weights directly.
+
+    amp_fp32_modules : selector or list of selectors (default=None)
+      Modules that always compute in float32 (inputs cast up, autocast off
+      inside, float32 weights in ``'pure'``). A selector is a module class,
+      a glob pattern on the qualified module name (``'head'``,
+      ``'blocks.*.attn'``) or a compiled regex matching the whole name.
+
+    amp_modules : None, selector or list of selectors (default=None)
+      None: the whole model runs in low precision. Otherwise only the
+      selected modules do; the rest of the model and the loss run in
+      float32. ``amp_fp32_modules`` wins where both select a module.
+
+    memory_format : str (default='preserve')
+      ``'channels_last'``: 4-D parameters, buffers and floating inputs use
+      ``torch.channels_last`` strides.
+
     grad_scaler : class or instance (default=ampnet.GradScaler)
       The loss scaler; its settings are set with ``grad_scaler__*``
       parameters (``init_scale``, ``growth_factor``, ``backoff_factor``,
@@ -233,7 +262,10 @@ class AmpNetMixin(PersistenceMixin, PrecisionControlMixin, DistributedMixin, Tra
             return self
 
     def _check_optimizers(self) -> None:
-        closure = [n for n in self._optimizers if needs_closure(getattr(self, n + "_"))]
+        closure = [
+            n for n in self._optimizers
+            if getattr(self, n + "_", None) is not None and needs_closure(getattr(self, n + "_"))
+        ]
         self.amp_closure_mode_ = bool(closure)
         if not closure:
             return
