@@ -68,6 +68,25 @@ class HangAt(Callback):
             time.sleep(60)
 
 
+def differences(a, b, path="state"):
+    """Where ``a`` and ``b`` differ: tensors bitwise (and dtype), the rest by ==."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        same = (
+            isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+            and a.dtype == b.dtype and torch.equal(a, b)
+        )
+        return [] if same else [path]
+    if isinstance(a, dict) and isinstance(b, dict):
+        if a.keys() != b.keys():
+            return [f"{path} keys {sorted(map(str, a.keys() ^ b.keys()))}"]
+        return [d for k in a for d in differences(a[k], b[k], f"{path}[{k!r}]")]
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        if len(a) != len(b):
+            return [f"{path} length {len(a)} != {len(b)}"]
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in differences(x, y, f"{path}[{i}]")]
+    return [] if a == b else [f"{path}: {a!r} != {b!r}"]
+
+
 def make_net(dirname, stop_after=N_EPOCHS, hang_epoch=None, **checkpoint_kwargs):
     """fp16 with GradScaler('cpu') and a large init_scale (so that steps
     overflow and are skipped), Adam, StepLR, shuffling, a validation split."""

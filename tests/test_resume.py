@@ -19,6 +19,7 @@ import pytest
 import torch
 
 import resume_script as rs
+from resume_script import differences
 from ampnet import AmpNetClassifier
 from ampnet.atomic import JOURNAL_NAME, TEMP_SUFFIX
 from ampnet.checkpoint import Checkpoint
@@ -45,25 +46,6 @@ def final_state(out):
     with open(os.path.join(out, "history.json"), encoding="utf-8") as f:
         state["history"] = [{k: v for k, v in row.items() if k != "dur"} for row in json.load(f)]
     return state
-
-
-def differences(a, b, path="state"):
-    """Where ``a`` and ``b`` differ: tensors bitwise (and dtype), the rest by ==."""
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        same = (
-            isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
-            and a.dtype == b.dtype and torch.equal(a, b)
-        )
-        return [] if same else [path]
-    if isinstance(a, dict) and isinstance(b, dict):
-        if a.keys() != b.keys():
-            return [f"{path} keys {sorted(map(str, a.keys() ^ b.keys()))}"]
-        return [d for k in a for d in differences(a[k], b[k], f"{path}[{k!r}]")]
-    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        if len(a) != len(b):
-            return [f"{path} length {len(a)} != {len(b)}"]
-        return [d for i, (x, y) in enumerate(zip(a, b)) for d in differences(x, y, f"{path}[{i}]")]
-    return [] if a == b else [f"{path}: {a!r} != {b!r}"]
 
 
 def run_script(*args):
