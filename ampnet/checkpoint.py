@@ -24,7 +24,7 @@ from skorch.utils import noop
 
 from ampnet.atomic import is_path
 from ampnet.exceptions import AmpWarning
-from ampnet.persistence import PersistenceMixin, checkpoint_files
+from ampnet.persistence import PersistenceMixin, checkpoint_files, resolve_checkpoint
 from ampnet.scheduler_state import read_lr_scheduler_states, restore_lr_schedulers
 
 __all__ = ["Checkpoint", "TrainEndCheckpoint", "LoadInitState"]
@@ -219,11 +219,7 @@ class LoadInitState(SkorchLoadInitState):
         if self.did_load_:
             return
         self.did_load_ = True
-        checkpoint = self.checkpoint
-        if isinstance(checkpoint, SkorchTrainEndCheckpoint):
-            if not hasattr(checkpoint, "checkpoint_"):
-                checkpoint.initialize()
-            checkpoint = checkpoint.checkpoint_
+        checkpoint = resolve_checkpoint(self.checkpoint)
         files = checkpoint_files(checkpoint, net)
         if not any(
             not is_path(v) or os.path.exists(v)
@@ -242,7 +238,10 @@ class LoadInitState(SkorchLoadInitState):
         net.load_params(checkpoint=checkpoint, use_safetensors=self.use_safetensors)
         _restore_best_scores(net)
         groups = {
-            name: [{k: v for k, v in g.items() if k != "params"} for g in getattr(net, name + "_").param_groups]
+            name: [
+                {k: v for k, v in group.items() if k != "params"}
+                for group in getattr(net, name + "_").param_groups
+            ]
             for name in net._optimizers
         }
         self.pending_ = (groups, schedulers)

@@ -35,10 +35,12 @@ import os
 import pickle
 import warnings
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, Callable
 
 import torch
 from skorch.callbacks import LRScheduler
+from skorch.callbacks import TrainEndCheckpoint as SkorchTrainEndCheckpoint
 from skorch.history import History
 from skorch.utils import _check_f_arguments, get_map_location
 
@@ -52,17 +54,17 @@ from ampnet.scheduler_state import (
     restore_lr_schedulers,
 )
 
-__all__ = ["PersistenceMixin", "checkpoint_files"]
+__all__ = ["PersistenceMixin", "checkpoint_files", "resolve_checkpoint"]
 
 #: Checkpoint files that older checkpoints lack; they load with a warning.
 OPTIONAL_FILES = ("f_grad_scaler", "f_rng_state", "f_lr_schedulers")
 
-_CONSEQUENCES = {
+_CONSEQUENCES = MappingProxyType({
     "f_grad_scaler": "the loss scale restarts from grad_scaler__init_scale",
     "f_rng_state": "random numbers (shuffling, dropout) will differ from an uninterrupted run",
     "f_lr_schedulers": "skorch rebuilds the learning-rate schedulers from the history, "
     "which is not exact",
-}
+})
 
 #: Entries of a scaler state that are state, not settings.
 _SCALER_TRACKERS = ("scale", "_growth_tracker", "_overflow_streak", "ampnet_scaler_version")
@@ -238,6 +240,16 @@ def _format_files(checkpoint: Any, net: Any, rows: list | None) -> dict[str, Any
         net.history = saved
 
 
+def resolve_checkpoint(checkpoint: Any) -> Any:
+    """The Checkpoint that holds the file names (a TrainEndCheckpoint's
+    inner one, initialized if needed)."""
+    if isinstance(checkpoint, SkorchTrainEndCheckpoint):
+        if not hasattr(checkpoint, "checkpoint_"):
+            checkpoint.initialize()
+        return checkpoint.checkpoint_
+    return checkpoint
+
+
 def checkpoint_files(checkpoint: Any, net: Any) -> dict[str, Any]:
     """The files of ``checkpoint`` as ``load_params`` resolves them, without
     changing ``net``.
@@ -246,7 +258,7 @@ def checkpoint_files(checkpoint: Any, net: Any) -> dict[str, Any]:
     names with format specifiers are formatted with the saved history, as
     skorch does.
     """
-    checkpoint = getattr(checkpoint, "checkpoint_", checkpoint)  # TrainEndCheckpoint
+    checkpoint = resolve_checkpoint(checkpoint)
     recover([checkpoint.dirname or "."])
     rows = None
     f_history = checkpoint.f_history_
@@ -348,7 +360,9 @@ class PersistenceMixin:
             if self.verbose:
                 print("Nothing to save")
             return
-        writers = {target: self._writer(key, target, use_safetensors) for key, target in files.items()}
+        writers = {
+            target: self._writer(key, target, use_safetensors) for key, target in files.items()
+        }
         if len(writers) != len(files):
             raise ValueError("save_params got the same target for two files; give each its own.")
         atomic_write_group(writers)
@@ -460,10 +474,10 @@ class PersistenceMixin:
         if checkpoint is not None:
             if not self.initialized_:
                 self.initialize()
+            checkpoint = resolve_checkpoint(checkpoint)
             files = checkpoint_files(checkpoint, self)
             optional = set(OPTIONAL_FILES)
-            owner = getattr(checkpoint, "checkpoint_", checkpoint)
-            absent = [name for name in OPTIONAL_FILES if not hasattr(owner, name)]
+            absent = [name for name in OPTIONAL_FILES if not hasattr(checkpoint, name)]
         files.update(kwargs)
         explicit = dict(
             f_params=f_params, f_optimizer=f_optimizer, f_criterion=f_criterion,
@@ -556,7 +570,9 @@ class PersistenceMixin:
                 rng.append(lambda state=state, source=source: set_rng_state(state, source))
             elif key == "f_lr_schedulers":
                 data = read_lr_scheduler_states(target, source)
-                history.append(lambda data=data, source=source: self._restore_schedulers(data, source))
+                history.append(
+                    lambda data=data, source=source: self._restore_schedulers(data, source)
+                )
             else:
                 attr = _attr_of(key)
                 if not self.initialized_:

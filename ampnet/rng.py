@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 import warnings
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -24,7 +25,7 @@ _VERSION = 1
 _MT_WORDS = 624
 
 # key -> (dtype, shape or None for "1-D of any length")
-_LAYOUT: dict[str, tuple[torch.dtype, tuple[int, ...] | None]] = {
+_LAYOUT: "MappingProxyType[str, tuple[torch.dtype, tuple[int, ...] | None]]" = MappingProxyType({
     "ampnet_rng_version": (torch.int64, ()),
     "torch": (torch.uint8, None),
     "numpy.keys": (torch.int64, (_MT_WORDS,)),
@@ -35,7 +36,7 @@ _LAYOUT: dict[str, tuple[torch.dtype, tuple[int, ...] | None]] = {
     "python.internal": (torch.int64, (_MT_WORDS + 1,)),
     "python.has_gauss_next": (torch.int64, ()),
     "python.gauss_next": (torch.float64, ()),
-}
+})
 
 
 def get_rng_state() -> dict[str, torch.Tensor]:
@@ -94,7 +95,7 @@ def validate_rng_state(state: Any, source: str = "the RNG state") -> None:
         if not isinstance(value, torch.Tensor) or value.dtype != dtype:
             got = value.dtype if isinstance(value, torch.Tensor) else type(value).__name__
             problems.append(f"{key} must be a {dtype} tensor, got {got}")
-        elif (shape is None and value.dim() != 1) or (shape is not None and tuple(value.shape) != shape):
+        elif value.dim() != 1 if shape is None else tuple(value.shape) != shape:
             problems.append(f"{key} has shape {tuple(value.shape)}, expected {shape or '1-D'}")
     for key, value in state.items():
         if str(key).startswith("cuda.") and not (
@@ -104,7 +105,9 @@ def validate_rng_state(state: Any, source: str = "the RNG state") -> None:
     if not problems:
         version = int(state["ampnet_rng_version"])
         if version > _VERSION:
-            problems.append(f"format version {version} is newer than this ampnet ({_VERSION}); upgrade ampnet")
+            problems.append(
+                f"format version {version} is newer than this ampnet ({_VERSION}); upgrade ampnet"
+            )
         if state["torch"].numel() != torch.get_rng_state().numel():
             problems.append(
                 f"torch has {state['torch'].numel()} bytes, this torch uses "

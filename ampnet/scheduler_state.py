@@ -134,5 +134,7 @@ def restore_lr_schedulers(net: Any, data: dict[str, Any]) -> list[str]:
             cb.batch_idx_ = entry["batch_idx"]
     for name, cb in running.items():
         if name not in saved and getattr(cb, "lr_scheduler_", None) is not None:
-            notes.append(f"LRScheduler {name!r} has no saved state; skorch rebuilt it from the history")
+            notes.append(
+                f"LRScheduler {name!r} has no saved state; skorch rebuilt it from the history"
+            )
     return notes

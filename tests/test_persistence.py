@@ -382,6 +382,18 @@ def test_load_init_state_first_run_loads_nothing(tmp_path, data):
     assert len(net.history) == 1
 
 
+def test_checkpoint_pickle_is_written_with_the_group(tmp_path, fitted):
+    cp = Checkpoint(monitor=None, dirname=str(tmp_path), event_name=None, f_pickle="net.pkl")
+    cp.initialize()
+    cp.save_model(fitted)
+    with open(tmp_path / "net.pkl", "rb") as f:
+        net = pickle.load(f)
+    assert net.grad_scaler_.state_dict() == fitted.grad_scaler_.state_dict()
+    fresh = tiny_net().initialize()
+    fresh.load_params(checkpoint=TrainEndCheckpoint(dirname=str(tmp_path), fn_prefix=""))
+    assert params_equal(fresh, fitted)
+
+
 def test_old_checkpoint_without_ampnet_files_loads_with_a_warning(tmp_path, fitted):
     cp = Checkpoint(monitor=None, dirname=str(tmp_path), event_name=None)
     cp.initialize()
