@@ -5,8 +5,12 @@ and the RNG states, write crash-safe, and resume exactly.
 >>> from ampnet.checkpoint import Checkpoint, LoadInitState
 >>> cp = Checkpoint(monitor=None, dirname="run1")
 >>> net = AmpNetClassifier(MyModule, amp_enabled=True, amp_dtype="float16",
-...                        callbacks=[cp, LoadInitState(cp)])
+...                        callbacks=[LoadInitState(cp), LRScheduler(...), cp])
 >>> net.fit(X, y)  # run it again after a crash: it continues where it stopped
+
+Put the Checkpoint after every callback that records into the history or
+steps a learning-rate scheduler at the end of an epoch (last is simplest),
+so that it saves the state of the finished epoch.
 """
 
 from __future__ import annotations

@@ -465,8 +465,8 @@ class PersistenceMixin:
           message names the file; the net is left unchanged.
 
         FileNotFoundError
-          A file is missing (for a checkpoint: any but the scaler and RNG
-          files).
+          A file is missing (for a checkpoint: any but the scaler, RNG and
+          scheduler files).
         """
         files: dict[str, Any] = {}
         optional: set[str] = set()
@@ -551,7 +551,7 @@ class PersistenceMixin:
 
     def _read_all(self, files: dict[str, Any], safetensors: bool) -> list[Callable[[], None]]:
         """Read and check every file; return the functions that apply them."""
-        modules, history, rng = [], [], []
+        modules, late, rng = [], [], []
         device = self.device
         load_kwargs = self.torch_load_kwargs or {"weights_only": True}
         map_location = None
@@ -563,14 +563,14 @@ class PersistenceMixin:
             source = _describe_target(key, target)
             if key == "f_history":
                 rows = _read_history(target, source)
-                history.append(lambda rows=rows: setattr(self, "history", History(rows)))
+                late.append(lambda rows=rows: setattr(self, "history", History(rows)))
             elif key == "f_rng_state":
                 state = _read_state(target, source, safetensors, "cpu", safe)
                 validate_rng_state(state, source)
                 rng.append(lambda state=state, source=source: set_rng_state(state, source))
             elif key == "f_lr_schedulers":
                 data = read_lr_scheduler_states(target, source)
-                history.append(
+                late.append(
                     lambda data=data, source=source: self._restore_schedulers(data, source)
                 )
             else:
@@ -596,7 +596,7 @@ class PersistenceMixin:
                 self.device = device
 
         # the RNG last: nothing after it may draw random numbers
-        return [set_device, *modules, *history, *rng]
+        return [set_device, *modules, *late, *rng]
 
     def _restore_schedulers(self, data: dict[str, Any], source: str) -> None:
         notes = restore_lr_schedulers(self, data)
