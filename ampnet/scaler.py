@@ -321,6 +321,14 @@ class GradScaler(torch.amp.GradScaler):
         new.clamp_(self._min_scale, self._max_scale)
         super().update(float(new.item()))
 
+    def to_device_type(self, device_type: str) -> None:
+        """Re-target the scaler, e.g. after a CUDA net was loaded on a CPU."""
+        self._device = device_type
+        for name in ("_scale", "_growth_tracker"):
+            value = getattr(self, name, None)
+            if isinstance(value, torch.Tensor):
+                setattr(self, name, value.to(device_type))
+
     # ---- state ----------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
