@@ -1,7 +1,9 @@
 """One process of the distributed tests (launched by tests/test_distributed.py).
 
-usage: dist_worker.py RANK WORLD PORT OUTDIR BATCH ACCUM
+usage: dist_worker.py RANK WORLD PORT OUTDIR BATCH ACCUM [PRECISION [INIT_PARAMS]]
 WORLD=1 runs without a process group (the single-process reference).
+PRECISION: fp16 (default; with loss scaling), bf16, pure (bf16 weights with
+fp32 masters) or off. INIT_PARAMS: a params file to load before training.
 """
 
 import sys
@@ -18,6 +20,15 @@ from ampnet import AmpNetClassifier
 torch.set_num_threads(1)
 rank, world, port, outdir, batch, accum = sys.argv[1:7]
 rank, world, batch, accum = int(rank), int(world), int(batch), int(accum)
+precision = sys.argv[7] if len(sys.argv) > 7 else "fp16"
+init_params = sys.argv[8] if len(sys.argv) > 8 else None
+AMP = {
+    "fp16": dict(amp_enabled=True, amp_dtype="float16", grad_scaler__init_scale=256.0,
+                 grad_scaler__growth_interval=2),
+    "bf16": dict(amp_enabled=True, amp_dtype="bfloat16"),
+    "pure": dict(amp_enabled=True, amp_dtype="bfloat16", amp_level="pure"),
+    "off": dict(amp_enabled=False),
+}[precision]
 
 
 class Poisoned(torch.nn.Module):
@@ -34,7 +45,7 @@ class Poisoned(torch.nn.Module):
         if self.training:
             self.calls += 1
             first_rank = not dist.is_initialized() or dist.get_rank() == 0
-            if self.calls == 3 and first_rank:
+            if self.calls == 3 and first_rank and precision == "fp16":
                 out = out * float("inf")
         return out
 
@@ -56,14 +67,13 @@ net = AmpNetClassifier(
     batch_size=batch,
     gradient_accumulation_steps=accum,
     iterator_train__shuffle=False,
-    amp_enabled=True,
-    amp_dtype="float16",
-    grad_scaler__init_scale=256.0,
-    grad_scaler__growth_interval=2,
     verbose=1,
-    callbacks=[Checkpoint(dirname=f"{outdir}/checkpoint_world{world}_rank{rank}")],
+    callbacks=[Checkpoint(dirname=f"{outdir}/checkpoint_{precision}_world{world}_rank{rank}")],
+    **AMP,
 )
 net.initialize()
+if init_params:
+    net.load_params(f_params=init_params)
 reductions = []
 if world > 1:
     def counting_hook(state, bucket):
@@ -71,6 +81,7 @@ if world > 1:
         return default_hooks.allreduce_hook(None, bucket)
 
     net.dist_state_.ddp.register_comm_hook(None, counting_hook)
+start_params = {k: v.detach().clone() for k, v in net.module_.state_dict().items()}
 net.partial_fit(X, y)
 
 history = [{k: v for k, v in row.items() if k != "dur"} for row in net.history]
@@ -82,12 +93,14 @@ torch.save(
         "history": history,
         "scale": net.grad_scaler_.get_scale(),
         "reductions": len(reductions),
+        "start_params": start_params,
         "ddp": net.dist_state_.ddp is not None,
+        "param_dtypes": sorted({str(p.dtype) for p in net.module_.parameters()}),
     },
-    f"{outdir}/rank{rank}_world{world}.pt",
+    f"{outdir}/{precision}_rank{rank}_world{world}.pt",
 )
 if rank == 0:
-    net.save_params(f_params=f"{outdir}/params_world{world}.pt")
+    net.save_params(f_params=f"{outdir}/{precision}_params_world{world}.pt")
 if world > 1:
     dist.barrier()
     dist.destroy_process_group()

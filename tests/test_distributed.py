@@ -23,11 +23,13 @@ def free_port():
         return s.getsockname()[1]
 
 
-def launch(tmp_path, world, batch, accum):
+def launch(tmp_path, world, batch, accum, precision="fp16", init_params=None):
     port = str(free_port())
+    extra = [precision] + ([str(init_params)] if init_params else [])
     procs = [
         subprocess.Popen(
-            [sys.executable, str(WORKER), str(rank), str(world), port, str(tmp_path), str(batch), str(accum)],
+            [sys.executable, str(WORKER), str(rank), str(world), port, str(tmp_path), str(batch), str(accum),
+             *extra],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
         for rank in range(world)
@@ -37,7 +39,8 @@ def launch(tmp_path, world, batch, accum):
         out, err = p.communicate(timeout=120)
         assert p.returncode == 0, err[-3000:]
         outs.append(out)
-    results = [torch.load(tmp_path / f"rank{r}_world{world}.pt", weights_only=False) for r in range(world)]
+    results = [torch.load(tmp_path / f"{precision}_rank{r}_world{world}.pt", weights_only=False)
+               for r in range(world)]
     return results, outs
 
 
@@ -75,15 +78,15 @@ def test_history_identical_on_every_rank_and_only_rank0_prints(runs):
     out0, out1 = runs["outs"]
     assert "valid_acc" in out0 and out1.strip() == ""
     # only rank 0 writes checkpoints
-    assert (runs["dir"] / "checkpoint_world2_rank0" / "params.pt").exists()
-    assert not list((runs["dir"] / "checkpoint_world2_rank1").glob("*"))
+    assert (runs["dir"] / "checkpoint_fp16_world2_rank0" / "params.pt").exists()
+    assert not list((runs["dir"] / "checkpoint_fp16_world2_rank1").glob("*"))
 
 
 def test_distributed_checkpoint_loads_in_one_process(runs):
     X = np.random.RandomState(0).randn(70, 6).astype(np.float32)
     sys.path.insert(0, str(WORKER.parent))
     net = AmpNetClassifier(MLP, module__n_in=6, module__n_hidden=8).initialize()
-    state = torch.load(runs["dir"] / "params_world2.pt", weights_only=True)
+    state = torch.load(runs["dir"] / "fp16_params_world2.pt", weights_only=True)
     assert set(state) == {"hidden.weight", "hidden.bias", "out.weight", "out.bias"}  # no DDP prefix
     net.module_.load_state_dict(state)
     assert net.predict_proba(X).shape == (70, 2)
@@ -96,6 +99,27 @@ def test_accumulation_skips_allreduce_on_micro_batches(tmp_path):
     assert r0["reductions"] == r1["reductions"] == 3 * 7
     for key, value in single["params"].items():
         torch.testing.assert_close(r0["params"][key], value, atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("precision", ["off", "bf16", "pure"])
+def test_other_precisions_match_one_process(tmp_path, precision):
+    (r0, r1), _ = launch(tmp_path, world=2, batch=4, accum=1, precision=precision)
+    (single,), _ = launch(tmp_path, world=1, batch=8, accum=1, precision=precision)
+    assert r0["param_dtypes"] == (["torch.bfloat16"] if precision == "pure" else ["torch.float32"])
+    tol = 1e-5 if precision == "off" else 2e-2
+    for key, value in single["params"].items():
+        assert torch.equal(r0["params"][key], r1["params"][key])
+        torch.testing.assert_close(r0["params"][key].float(), value.float(), atol=tol, rtol=tol)
+    assert repr(r0["history"]) == repr(r1["history"])
+
+
+def test_single_process_checkpoint_loads_into_a_distributed_run(runs, tmp_path):
+    single_params = runs["dir"] / "fp16_params_world1.pt"
+    saved = torch.load(single_params, weights_only=True)
+    (r0, r1), _ = launch(tmp_path, world=2, batch=4, accum=1, precision="off", init_params=single_params)
+    for key, value in saved.items():
+        assert torch.equal(r0["start_params"][key], value) and torch.equal(r1["start_params"][key], value)
+    assert torch.equal(r0["params"]["out.bias"], r1["params"]["out.bias"])
 
 
 def test_distributed_true_without_process_group_is_an_error():
