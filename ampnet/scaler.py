@@ -175,6 +175,12 @@ class GradScaler(torch.amp.GradScaler):
     dynamic : bool (default=True)
       If False, the scale stays at ``init_scale``; overflowing steps are
       still skipped.
+
+    Attributes
+    ----------
+    scaled_in_step : bool
+      Whether :meth:`scale` was called since the last :meth:`update`; a
+      net uses it to detect an unscaled ``loss.backward()``.
     """
 
     def __init__(
@@ -226,7 +232,7 @@ class GradScaler(torch.amp.GradScaler):
         self._hysteresis = int(hysteresis)
         self._dynamic = bool(dynamic)
         self._overflow_streak = 0
-        self._scaled_since_update = False
+        self.scaled_in_step = False
 
     # ---- settings -------------------------------------------------------
 
@@ -266,7 +272,7 @@ class GradScaler(torch.amp.GradScaler):
     def scale(self, outputs):  # type: ignore[override]
         """Multiply by the scale, as in torch; also records that a loss was
         scaled in this step, so that a net can detect an unscaled backward."""
-        self._scaled_since_update = True
+        self.scaled_in_step = True
         return super().scale(outputs)
 
     def found_inf(self, optimizer: torch.optim.Optimizer) -> bool:
@@ -289,7 +295,7 @@ class GradScaler(torch.amp.GradScaler):
         """
         if not self._enabled:
             return
-        self._scaled_since_update = False
+        self.scaled_in_step = False
         if new_scale is not None:
             super().update(new_scale)
             return

@@ -148,7 +148,7 @@ class TrainingStepMixin:
         state = self.amp_step_state_
         scaler = self.grad_scaler_
         scaling = scaler.is_enabled()
-        if scaling and not getattr(scaler, "_scaled_since_update", True):
+        if scaling and not getattr(scaler, "scaled_in_step", True):
             raise AmpStateError(
                 "Loss scaling is active, but no loss was scaled in this step: an "
                 "override of train_step_single probably called loss.backward() "

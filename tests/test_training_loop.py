@@ -147,6 +147,31 @@ def test_overflow_in_one_optimizer_skips_only_that_one(classifier_data):
     assert net.history[-1, "batches", 0, "step_skipped"] is False
 
 
+class TwoCriteriaNet(AmpNetClassifier):
+    """Two criteria registered the skorch way; the loss is their sum."""
+
+    def initialize_criterion(self):
+        super().initialize_criterion()
+        self.criterion2_ = torch.nn.MultiMarginLoss()
+        return self
+
+    def get_loss(self, y_pred, y_true, X=None, training=False):
+        loss = super().get_loss(y_pred, y_true, X=X, training=training)
+        with self.precision_policy_.autocast():
+            return loss + self.criterion2_(y_pred, torch.as_tensor(y_true))
+
+
+def test_multiple_criteria_share_one_scaler(classifier_data):
+    X, y = classifier_data[0][:32], classifier_data[1][:32]
+    net = TwoCriteriaNet(**net_kw(module__bad_calls=(2,), amp_enabled=True, amp_dtype="fp16",
+                                  grad_scaler__init_scale=64.0))
+    fit_quiet(net, X, y)
+    assert "criterion2" in net._criteria
+    assert [b["step_skipped"] for b in net.history[-1, "batches"]] == [False, True, False, False]
+    assert net.grad_scaler_.get_scale() == 32.0
+    assert all(torch.isfinite(p).all() for p in net.module_.parameters())
+
+
 # ---- LR schedulers -------------------------------------------------------------------
 
 
