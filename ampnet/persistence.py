@@ -88,7 +88,7 @@ _MSG_INIT = (
 )
 _MSG_MODULE = (
     "You are trying to {verb} 'f_{{name}}' but for that to work, the net needs to "
-    "have an attribute called 'net.{{name}}_' that has a state_dict; make sure that "
+    "have an attribute called 'net.{{name}}_' that is a PyTorch Module or Optimizer; make sure that "
     "it exists and check for typos."
 )
 

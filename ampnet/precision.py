@@ -227,9 +227,15 @@ def resolve_precision(
             f"{_describe(amp_level)}. 'mixed' runs autocast over float32 weights; "
             "'pure' stores weights in the low-precision dtype with float32 master copies."
         )
-    dev = _parse_device(device)
     if not enabled:
-        return PrecisionPolicy(False, dev.type, None, False, amp_level)
+        # AMP off: accept any device skorch accepts (skorch only passes it to
+        # .to()); it is validated where autocast needs it.
+        try:
+            device_type = _parse_device(device).type
+        except ValueError:
+            device_type = str(device)
+        return PrecisionPolicy(False, device_type, None, False, amp_level)
+    dev = _parse_device(device)
 
     notices: list[str] = []
     if dev.type == "cuda":

@@ -155,6 +155,21 @@ class PrecisionControlMixin:
         return getattr(module, "_orig_mod", module)
 
     def _amp_apply_layout(self) -> None:
+        if not isinstance(getattr(self, "module_", None), torch.nn.Module):
+            # skorch allows nets without a ``module_`` (custom module names):
+            # autocast applies as usual; per-module control has no module to act on
+            if (self.amp_level != "mixed" or self.amp_fp32_modules is not None
+                    or self.amp_modules is not None or self.memory_format != "preserve"):
+                raise ValueError(
+                    "amp_level, amp_fp32_modules, amp_modules and memory_format act on "
+                    "the net's 'module_', which this net does not have. Fix: keep their "
+                    "defaults, or name the main module 'module_'."
+                )
+            self.amp_layout_ = None
+            setattr(self, _MASTERS, None)
+            return
+        if getattr(self, "precision_policy_", None) is None:
+            self.initialize_precision()  # _initialize_module() called on its own
         root = self._amp_root()
         remove_regions(root)
         remove_state_hooks(root)
