@@ -22,7 +22,7 @@ from ampnet.precision import PrecisionPolicy, resolve_precision
 from ampnet.precision_control import PrecisionControlMixin
 from ampnet.scaler import LIVE_SETTINGS, GradScaler, validate_scaler_settings
 from ampnet.training import StepState, TrainingStepMixin
-from ampnet.utils import needs_closure
+from ampnet.utils import may_use_closure, needs_closure
 
 __all__ = ["AmpNetMixin", "AmpNet", "AmpNetClassifier", "AmpNetRegressor", "AmpNetBinaryClassifier"]
 
@@ -38,7 +38,8 @@ _TORCH_LIVE_SETTERS = {
 AMP_DOC = """
     amp_enabled : bool (default=False)
       Train and predict with automatic mixed precision. With False the net
-      trains exactly as the skorch net it replaces.
+      trains as the skorch net it replaces, bitwise, except that a step
+      with non-finite gradients is skipped (see ``amp_skip_nonfinite``).
 
     amp_dtype : str or torch.dtype (default='auto')
       The low-precision dtype: ``'float16'`` (``'fp16'``, ``'half'``),
@@ -262,14 +263,28 @@ class AmpNetMixin(PersistenceMixin, PrecisionControlMixin, DistributedMixin, Tra
             return self
 
     def _check_optimizers(self) -> None:
-        closure = [
-            n for n in self._optimizers
-            if getattr(self, n + "_", None) is not None and needs_closure(getattr(self, n + "_"))
-        ]
-        self.amp_closure_mode_ = bool(closure)
+        """Choose skorch's closure path or ampnet's step, or refuse.
+
+        Optimizers that require a closure (LBFGS) take skorch's closure path,
+        which loss scaling and gradient accumulation cannot share. Without
+        loss scaling, custom optimizers (outside ``torch.optim``) whose step
+        takes an optional closure keep skorch's path too, so that they get
+        the closure as in skorch.
+        """
+        optimizers = {
+            n: getattr(self, n + "_", None) for n in self._optimizers
+            if getattr(self, n + "_", None) is not None
+        }
+        closure = [n for n, opt in optimizers.items() if needs_closure(opt)]
         if not closure:
+            self.amp_closure_mode_ = (
+                not self.grad_scaler_.is_enabled()
+                and self.gradient_accumulation_steps == 1
+                and any(may_use_closure(opt) for opt in optimizers.values())
+            )
             return
-        names = ", ".join(f"{n} ({type(getattr(self, n + '_')).__name__})" for n in closure)
+        self.amp_closure_mode_ = True
+        names = ", ".join(f"{n} ({type(optimizers[n]).__name__})" for n in closure)
         if self.grad_scaler_.is_enabled():
             raise ValueError(
                 f"Optimizer {names} needs a closure, which cannot be combined with float16 "

@@ -10,19 +10,33 @@ import torch
 
 __all__ = [
     "needs_closure",
+    "may_use_closure",
     "grads_are_finite",
     "has_nonfinite",
     "optimizer_params_with_grad",
 ]
 
 
+def _closure_param(optimizer: torch.optim.Optimizer) -> inspect.Parameter | None:
+    try:
+        return inspect.signature(optimizer.step).parameters.get("closure")
+    except (TypeError, ValueError):
+        return None
+
+
 def needs_closure(optimizer: torch.optim.Optimizer) -> bool:
     """Whether ``optimizer.step`` requires a closure (e.g. LBFGS)."""
-    try:
-        param = inspect.signature(optimizer.step).parameters.get("closure")
-    except (TypeError, ValueError):
-        return False
+    param = _closure_param(optimizer)
     return param is not None and param.default is inspect.Parameter.empty
+
+
+def may_use_closure(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer.step`` takes an optional closure that it may
+    evaluate in its own way: true for optimizers outside ``torch.optim``
+    (torch's own call an optional closure once, before updating)."""
+    if _closure_param(optimizer) is None:
+        return False
+    return not type(optimizer).__module__.startswith("torch.optim")
 
 
 def optimizer_params_with_grad(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:

@@ -425,3 +425,35 @@ def test_notice_warned_once_per_fit(classifier_data):
         net.fit(X[:32], y[:32])
     slow = [w for w in caught if issubclass(w.category, AmpWarning)]
     assert len(slow) == 1 and "slower than float32" in str(slow[0].message)
+
+
+class ClosureSGD(torch.optim.SGD):
+    """A custom optimizer (outside torch.optim) that evaluates an optional
+    closure twice, as sharpness-aware optimizers do."""
+
+    calls = 0
+
+    def step(self, closure=None):
+        if closure is not None:
+            closure()
+            type(self).calls += 1
+        return super().step(closure)
+
+
+ClosureSGD.__module__ = "my_optimizers"
+
+
+def test_custom_optional_closure_optimizer_gets_the_closure_like_skorch(classifier_data):
+    X, y = classifier_data
+    kw = dict(module=MLP, max_epochs=2, lr=0.1, optimizer=ClosureSGD, verbose=0, batch_size=32)
+    ClosureSGD.calls = 0
+    torch.manual_seed(0)
+    ref = NeuralNetClassifier(**kw).fit(X, y)
+    skorch_calls, ClosureSGD.calls = ClosureSGD.calls, 0
+    torch.manual_seed(0)
+    net = AmpNetClassifier(**kw).fit(X, y)
+    assert ClosureSGD.calls == skorch_calls > 0
+    assert params_equal(ref, net)
+    # with loss scaling the closure cannot be passed: ampnet's own step is used
+    fp16 = AmpNetClassifier(**{**kw, "amp_enabled": True, "amp_dtype": "fp16"}).initialize()
+    assert not fp16.amp_closure_mode_
