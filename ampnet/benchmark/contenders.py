@@ -70,6 +70,9 @@ class Contender:
 
     level : str
       AmpNet's ``amp_level`` (``'mixed'`` or ``'pure'``).
+
+    master_weights : bool
+      AmpNet's ``amp_master_weights`` (only matters in ``'pure'``).
     """
 
     key: str
@@ -77,6 +80,7 @@ class Contender:
     framework: str
     amp: bool
     level: str = "mixed"
+    master_weights: bool = True
 
 
 #: All contenders, in the order they run within a round.
@@ -87,6 +91,8 @@ CONTENDERS: tuple[Contender, ...] = (
     Contender("ampnet-fp32", "AmpNet, amp_enabled=False", "ampnet", False),
     Contender("ampnet-mixed", "AmpNet, amp_level='mixed'", "ampnet", True, "mixed"),
     Contender("ampnet-pure", "AmpNet, amp_level='pure'", "ampnet", True, "pure"),
+    Contender("ampnet-pure-nomw", "AmpNet, amp_level='pure', amp_master_weights=False", "ampnet",
+              True, "pure", False),
 )
 
 #: Keys of :data:`CONTENDERS`.
@@ -340,7 +346,8 @@ def _make_net(
     if contender.framework == "skorch":
         return NeuralNetClassifier(**params)
     return AmpNetClassifier(
-        amp_enabled=contender.amp, amp_dtype=cfg.dtype, amp_level=contender.level, **params
+        amp_enabled=contender.amp, amp_dtype=cfg.dtype, amp_level=contender.level,
+        amp_master_weights=contender.master_weights, **params
     )
 
 

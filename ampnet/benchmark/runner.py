@@ -80,6 +80,8 @@ COMPARISONS: tuple[Comparison, ...] = (
     Comparison("ampnet_fp32_vs_skorch", "AmpNet fp32 time / skorch time", "ampnet-fp32", "skorch-fp32", "time_ratio"),
     Comparison("skorch_vs_raw_fp32", "skorch time / PyTorch fp32 loop time", "skorch-fp32", "raw-fp32", "time_ratio"),
     Comparison("pure_vs_mixed", "AmpNet pure time / AmpNet mixed time", "ampnet-pure", "ampnet-mixed", "time_ratio"),
+    Comparison("pure_nomw_vs_mixed", "AmpNet pure without master weights time / AmpNet mixed time",
+               "ampnet-pure-nomw", "ampnet-mixed", "time_ratio"),
 )
 
 
