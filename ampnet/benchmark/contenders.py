@@ -73,6 +73,9 @@ class Contender:
 
     master_weights : bool
       AmpNet's ``amp_master_weights`` (only matters in ``'pure'``).
+
+    skip_nonfinite : bool
+      AmpNet's ``amp_skip_nonfinite`` (the non-finite gradient guard).
     """
 
     key: str
@@ -81,6 +84,7 @@ class Contender:
     amp: bool
     level: str = "mixed"
     master_weights: bool = True
+    skip_nonfinite: bool = True
 
 
 #: All contenders, in the order they run within a round.
@@ -90,6 +94,8 @@ CONTENDERS: tuple[Contender, ...] = (
     Contender("skorch-fp32", "skorch NeuralNetClassifier, float32", "skorch", False),
     Contender("ampnet-fp32", "AmpNet, amp_enabled=False", "ampnet", False),
     Contender("ampnet-mixed", "AmpNet, amp_level='mixed'", "ampnet", True, "mixed"),
+    Contender("ampnet-mixed-noguard", "AmpNet, amp_level='mixed', amp_skip_nonfinite=False",
+              "ampnet", True, "mixed", skip_nonfinite=False),
     Contender("ampnet-pure", "AmpNet, amp_level='pure'", "ampnet", True, "pure"),
     Contender("ampnet-pure-nomw", "AmpNet, amp_level='pure', amp_master_weights=False", "ampnet",
               True, "pure", False),
@@ -347,7 +353,8 @@ def _make_net(
         return NeuralNetClassifier(**params)
     return AmpNetClassifier(
         amp_enabled=contender.amp, amp_dtype=cfg.dtype, amp_level=contender.level,
-        amp_master_weights=contender.master_weights, **params
+        amp_master_weights=contender.master_weights,
+        amp_skip_nonfinite=contender.skip_nonfinite, **params
     )
 
 

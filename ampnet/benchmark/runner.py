@@ -1,7 +1,9 @@
 """Interleaved rounds of runs, per-round ratios and the results document.
 
-Within a workload, round ``r`` runs every contender once, in the fixed
-order of :data:`ampnet.benchmark.contenders.CONTENDERS` (A B C, A B C, ...).
+Within a workload, round ``r`` runs every contender once, in the order of
+:data:`ampnet.benchmark.contenders.CONTENDERS` on even rounds and in the
+reverse order on odd rounds (A B C, C B A, A B C, ...), so that no contender
+always runs first or right after the same neighbour.
 Each run builds a fresh model from the same seed, trains ``warmup +
 epochs`` epochs and keeps the median of the measured epochs as that
 round's time. Ratios are computed inside each round (so slow drifts of the
@@ -76,6 +78,8 @@ COMPARISONS: tuple[Comparison, ...] = (
     Comparison("ampnet_pure_speedup", "AmpNet pure: speed-up over AmpNet fp32", "ampnet-pure", "ampnet-fp32", "speedup"),
     Comparison("raw_amp_speedup", "PyTorch loop: AMP speed-up over fp32", "raw-amp", "raw-fp32", "speedup"),
     Comparison("ampnet_mixed_vs_raw_amp", "AmpNet mixed time / PyTorch AMP loop time", "ampnet-mixed", "raw-amp", "time_ratio"),
+    Comparison("ampnet_noguard_vs_raw_amp", "AmpNet mixed without the non-finite guard time / PyTorch AMP loop time",
+               "ampnet-mixed-noguard", "raw-amp", "time_ratio"),
     Comparison("ampnet_fp32_vs_raw_fp32", "AmpNet fp32 time / PyTorch fp32 loop time", "ampnet-fp32", "raw-fp32", "time_ratio"),
     Comparison("ampnet_fp32_vs_skorch", "AmpNet fp32 time / skorch time", "ampnet-fp32", "skorch-fp32", "time_ratio"),
     Comparison("skorch_vs_raw_fp32", "skorch time / PyTorch fp32 loop time", "skorch-fp32", "raw-fp32", "time_ratio"),
@@ -257,7 +261,7 @@ def run_workload(
     records = {c.key: _Record(c) for c in contenders}
     memory = cfg.memory_method
     for r in range(cfg.rounds):
-        for c in contenders:
+        for c in contenders if r % 2 == 0 else contenders[::-1]:
             rec = records[c.key]
             if rec.error is not None:
                 rec.round_times.append(None)

@@ -1,0 +1,48 @@
+"""Helpers: the non-finite gradient check and closure detection."""
+
+import pytest
+import torch
+
+from ampnet.utils import grads_are_finite, has_nonfinite, may_use_closure, needs_closure
+
+
+def param_with_grad(values, dtype=torch.float32):
+    p = torch.nn.Parameter(torch.zeros(len(values), dtype=dtype))
+    p.grad = torch.tensor(values, dtype=dtype)
+    return p
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_grads_are_finite_finds_any_nonfinite_value(bad, dtype):
+    good = param_with_grad([1.0, -2.0], dtype)
+    assert grads_are_finite([good, torch.nn.Parameter(torch.ones(2))])  # no grad: ignored
+    assert not grads_are_finite([good, param_with_grad([0.5, bad, 3.0], dtype)])
+
+
+def test_opposite_infinities_do_not_cancel():
+    assert not grads_are_finite([param_with_grad([float("inf"), -float("inf")])])
+
+
+def test_grads_are_left_unchanged():
+    p = param_with_grad([1.5, float("nan")])
+    before = p.grad.clone()
+    grads_are_finite([p])
+    assert torch.equal(p.grad[:1], before[:1]) and torch.isnan(p.grad[1])
+
+
+def test_has_nonfinite_walks_batches():
+    assert has_nonfinite((torch.ones(2), {"a": torch.tensor([0.0, float("nan")])}))
+    assert not has_nonfinite((torch.ones(2), torch.tensor([1, 2])))
+
+
+def test_closure_detection():
+    p = [torch.nn.Parameter(torch.ones(1))]
+    assert needs_closure(torch.optim.LBFGS(p)) and not needs_closure(torch.optim.SGD(p, lr=0.1))
+    assert not may_use_closure(torch.optim.SGD(p, lr=0.1))
+
+    class Custom(torch.optim.SGD):
+        def step(self, closure=None):
+            return super().step(closure)
+
+    assert may_use_closure(Custom(p, lr=0.1)) and not needs_closure(Custom(p, lr=0.1))
