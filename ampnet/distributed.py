@@ -232,8 +232,10 @@ class DistributedMixin:
             dist.broadcast_object_list(row, src=0)
             self.history[-1] = row[0]
 
-    def _callback_is_held(self, cb: Any, method_name: str, cb_kwargs: dict) -> bool:
+    def _held_callbacks(self, method_name: str, cb_kwargs: dict) -> list:
+        held = super()._held_callbacks(method_name, cb_kwargs)
         state = self.__dict__.get("dist_state_")
-        if state is not None and state.rank != 0 and isinstance(cb, _RANK0_ONLY):
-            return True
-        return super()._callback_is_held(cb, method_name, cb_kwargs)
+        if state is not None and state.rank != 0:
+            held = held + [cb for _, cb in self.callbacks_ if isinstance(cb, _RANK0_ONLY)]
+        return held
+

@@ -397,7 +397,10 @@ class AmpNetMixin(PersistenceMixin, PrecisionControlMixin, DistributedMixin, Tra
 
     def get_loss(self, y_pred, y_true, X=None, training=False):
         """Loss under autocast (from the float32 outputs of :meth:`infer`)."""
-        with self.precision_policy_.autocast():
+        policy = self.precision_policy_
+        if not policy.enabled:
+            return super().get_loss(y_pred, y_true, X=X, training=training)
+        with policy.autocast():
             return super().get_loss(y_pred, y_true, X=X, training=training)
 
     # ---- pickling -------------------------------------------------------

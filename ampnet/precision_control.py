@@ -314,12 +314,17 @@ class PrecisionControlMixin:
 
     def infer(self, x, **fit_params):
         layout = getattr(self, "amp_layout_", None)
-        if layout is not None and layout.memory_format == "channels_last":
+        if layout is None or not (layout.scoped or layout.memory_format == "channels_last"):
+            return super().infer(x, **fit_params)
+        if layout.memory_format == "channels_last":
             x = _channels_last(to_tensor(x, device=self.device))
         with self._amp_scope():
             return super().infer(x, **fit_params)
 
     def get_loss(self, y_pred, y_true, X=None, training=False):
+        layout = getattr(self, "amp_layout_", None)
+        if layout is None or not layout.scoped:
+            return super().get_loss(y_pred, y_true, X=X, training=training)
         with self._amp_scope():
             return super().get_loss(y_pred, y_true, X=X, training=training)
 

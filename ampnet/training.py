@@ -70,7 +70,10 @@ class TrainingStepMixin:
         steps = self.gradient_accumulation_steps
         if steps > 1:
             loss = loss / steps
-        self.grad_scaler_.scale(loss).backward()
+        scaler = self.grad_scaler_
+        if scaler.is_enabled():
+            loss = scaler.scale(loss)
+        loss.backward()
 
     def optimizer_step(
         self, optimizer: torch.optim.Optimizer, closure: Any = None
@@ -157,20 +160,23 @@ class TrainingStepMixin:
                 "self.grad_scaler_.scale(loss).backward()) instead."
             )
         self._amp_grads_ready()
-        active = [
-            (name, getattr(self, name + "_"))
-            for name in self._optimizers
-            if optimizer_params_with_grad(getattr(self, name + "_"))
-        ]
+        # (name, optimizer, its parameters with a gradient): an optimizer
+        # whose parameters got no gradient in this step is left alone
+        active = []
+        for name in self._optimizers:
+            optimizer = getattr(self, name + "_")
+            params = optimizer_params_with_grad(optimizer)
+            if params:
+                active.append((name, optimizer, params))
         if scaling:
-            for _, optimizer in active:
+            for _, optimizer, _ in active:
                 scaler.unscale_(optimizer)
         if state.micro_batches < self.gradient_accumulation_steps:
             # a short remainder group at the end of the epoch: each
             # micro-batch was divided by the full count; restore the mean
             factor = self.gradient_accumulation_steps / state.micro_batches
-            for _, optimizer in active:
-                torch._foreach_mul_([p.grad for p in optimizer_params_with_grad(optimizer)], factor)
+            for _, _, params in active:
+                torch._foreach_mul_([p.grad for p in params], factor)
         state.micro_batches = 0
 
         self.notify(
@@ -182,11 +188,11 @@ class TrainingStepMixin:
 
         guard = not scaling and self.amp_skip_nonfinite
         stepped, skipped = [], []
-        for name, optimizer in active:
+        for name, optimizer, params in active:
             if scaling:
                 bad = scaler.found_inf(optimizer)
             elif guard:
-                bad = not grads_are_finite(optimizer_params_with_grad(optimizer))
+                bad = not grads_are_finite(params)
             else:
                 bad = False
             if bad:
@@ -295,21 +301,32 @@ class TrainingStepMixin:
         """Whether ``flag`` is true on any process (one process: the flag)."""
         return flag
 
-    def _callback_is_held(self, cb: Any, method_name: str, cb_kwargs: dict) -> bool:
-        """An LRScheduler must not advance past an optimizer step that did
-        not happen (skipped for overflow, or inside an accumulation group)."""
-        if not isinstance(cb, LRScheduler) or method_name not in ("on_batch_end", "on_epoch_end"):
-            return False
-        state = self.amp_step_state_
-        training = cb_kwargs.get("training", False)
+    def _held_callbacks(self, method_name: str, cb_kwargs: dict) -> list:
+        """Callbacks that must not receive this event: an LRScheduler must
+        not advance past an optimizer step that did not happen (skipped for
+        overflow, or inside an accumulation group)."""
         if method_name == "on_batch_end":
-            return training and cb.step_every == "batch" and "optimizer" not in state.stepped_batch
-        return cb.step_every == "epoch" and "optimizer" not in state.stepped_epoch
+            if not cb_kwargs.get("training", False) or "optimizer" in self.amp_step_state_.stepped_batch:
+                return []
+            every = "batch"
+        elif method_name == "on_epoch_end":
+            if "optimizer" in self.amp_step_state_.stepped_epoch:
+                return []
+            every = "epoch"
+        else:
+            return []
+        return [
+            cb for _, cb in self.callbacks_
+            if isinstance(cb, LRScheduler) and cb.step_every == every
+        ]
 
     def notify(self, method_name: str, **cb_kwargs: Any) -> None:
         getattr(self, method_name)(self, **cb_kwargs)
-        check = "amp_step_state_" in self.__dict__
+        held = (
+            self._held_callbacks(method_name, cb_kwargs)
+            if "amp_step_state_" in self.__dict__ else ()
+        )
         for _, cb in self.callbacks_:
-            if check and self._callback_is_held(cb, method_name, cb_kwargs):
+            if held and any(cb is h for h in held):
                 continue
             getattr(cb, method_name)(self, **cb_kwargs)
