@@ -48,6 +48,17 @@ class DistState:
                 "valid_len": 0, "valid_seen": 0, "valid_batch": None}
 
 
+def _layout_changed(ddp: torch.nn.parallel.DistributedDataParallel) -> bool:
+    """Whether the wrapped module's parameter dtypes changed since DDP
+    registered them (e.g. amp_level changed through set_params)."""
+    registered = getattr(ddp, "_ampnet_params", None)
+    current = tuple(p.dtype for p in ddp.module.parameters())
+    if registered is None:
+        ddp._ampnet_params = current
+        return False
+    return registered != current
+
+
 def _process_group_ready() -> bool:
     return dist.is_available() and dist.is_initialized()
 
@@ -83,13 +94,36 @@ class DistributedMixin:
                 f"device={self.device!r}. Fix: device='cuda' (with "
                 "torch.cuda.set_device(local_rank)), or init_process_group('gloo') for CPU."
             )
+        if self.amp_closure_mode_:
+            raise ValueError(
+                "Distributed training cannot use skorch's closure path (an optimizer such as "
+                "LBFGS, or one whose step takes an optional closure): each rank would decide "
+                "on its own loss how often to evaluate the closure, and the gradient "
+                "all-reduce would hang. Fix: use a torch.optim first-order optimizer."
+            )
+        extra = [
+            name for name in self._modules + self._criteria
+            if name != "module"
+            and isinstance(getattr(self, name + "_", None), torch.nn.Module)
+            and any(p.requires_grad for p in getattr(self, name + "_").parameters())
+        ]
+        if extra:
+            raise ValueError(
+                f"Distributed training synchronizes the gradients of module_ only, but "
+                f"{', '.join(n + '_' for n in extra)} also has learnable parameters, which "
+                "would drift apart across ranks. Fix: make them submodules of the module, "
+                "or freeze them."
+            )
+        self.dist_state_ = DistState(dist.get_rank(), dist.get_world_size(), self._wrap_ddp())
+        return self
+
+    def _wrap_ddp(self) -> torch.nn.parallel.DistributedDataParallel:
+        device = torch.device(self.device or "cpu")
         kwargs = {}
         if device.type == "cuda":
             index = device.index if device.index is not None else torch.cuda.current_device()
             kwargs = {"device_ids": [index], "output_device": index}
-        ddp = torch.nn.parallel.DistributedDataParallel(self.module_, **kwargs)
-        self.dist_state_ = DistState(dist.get_rank(), dist.get_world_size(), ddp)
-        return self
+        return torch.nn.parallel.DistributedDataParallel(self.module_, **kwargs)
 
     @property
     def _ddp(self):
@@ -103,6 +137,10 @@ class DistributedMixin:
         module = self.__dict__.get("module_")
         if ddp is None or not (torch.is_grad_enabled() and module.training):
             return super().infer(x, **fit_params)
+        if ddp.module is not module or _layout_changed(ddp):
+            # the module was re-initialized (set_params) or its parameters
+            # changed dtype: wrap again (every rank does so at the same step)
+            ddp = self.dist_state_.ddp = self._wrap_ddp()
         # A temporary swap, bypassing skorch's attribute registration: skorch's
         # infer calls self.module_, which must be the DDP wrapper for its
         # gradient hooks; everything else keeps seeing the plain module.

@@ -3,6 +3,7 @@ precision as a hyper-parameter."""
 
 from __future__ import annotations
 
+import copy
 import difflib
 import inspect
 import warnings
@@ -25,6 +26,9 @@ from ampnet.training import StepState, TrainingStepMixin
 from ampnet.utils import may_use_closure, needs_closure
 
 __all__ = ["AmpNetMixin", "AmpNet", "AmpNetClassifier", "AmpNetRegressor", "AmpNetBinaryClassifier"]
+
+#: Parameters of the training step, checked again when set on a fitted net.
+STEP_PARAMS = frozenset({"gradient_accumulation_steps", "amp_max_consecutive_skips", "amp_skip_nonfinite"})
 
 #: Parameters whose change re-resolves the precision policy and the scaler.
 PRECISION_PARAMS = ("amp_enabled", "amp_dtype", "amp_level", "device", "grad_scaler")
@@ -97,7 +101,10 @@ AMP_DOC = """
     amp_skip_nonfinite : bool (default=True)
       Without loss scaling (bfloat16, or AMP off), skip and record an
       optimizer step whose gradients hold NaN or inf instead of writing
-      them into the weights. Not applied to closure optimizers (LBFGS).
+      them into the weights. Not applied on skorch's closure path: to
+      optimizers that require a closure (LBFGS) and, without loss scaling,
+      to optimizers outside ``torch.optim`` whose ``step`` takes an optional
+      closure (an AmpWarning says so).
 
     distributed : 'auto' or bool (default='auto')
       Data-parallel training with ``torch.distributed``: with an
@@ -209,7 +216,11 @@ class AmpNetMixin(PersistenceMixin, PrecisionControlMixin, DistributedMixin, Tra
                 f"Unknown loss-scaler parameter(s): {', '.join(hints)}. Valid parameters of "
                 f"{cls.__name__} are: {', '.join('grad_scaler__' + v for v in valid)}."
             )
-        validate_scaler_settings(**{k: v for k, v in kwargs.items() if k != "enabled"})
+        defaults = {
+            name: p.default for name, p in inspect.signature(cls).parameters.items()
+            if name in ("init_scale", "min_scale", "max_scale") and p.default is not p.empty
+        }
+        validate_scaler_settings(**{**defaults, **{k: v for k, v in kwargs.items() if k != "enabled"}})
         if "enabled" in kwargs:
             validate_scaler_settings(enabled=kwargs["enabled"])
         return kwargs
@@ -239,6 +250,10 @@ class AmpNetMixin(PersistenceMixin, PrecisionControlMixin, DistributedMixin, Tra
                 )
             if kwargs or forced is not None:
                 scaler = type(scaler)(device=policy.device_type, enabled=enabled, **kwargs)
+            else:
+                # the instance is a hyper-parameter: fit must not change it, and
+                # clones must not share a training state
+                scaler = copy.deepcopy(scaler)
         else:
             scaler = scaler(device=policy.device_type, enabled=enabled, **kwargs)
         if policy.uses_scaler and not scaler.is_enabled():
@@ -277,11 +292,21 @@ class AmpNetMixin(PersistenceMixin, PrecisionControlMixin, DistributedMixin, Tra
         }
         closure = [n for n, opt in optimizers.items() if needs_closure(opt)]
         if not closure:
-            self.amp_closure_mode_ = (
-                not self.grad_scaler_.is_enabled()
-                and self.gradient_accumulation_steps == 1
-                and any(may_use_closure(opt) for opt in optimizers.values())
+            optional = [n for n, opt in optimizers.items() if may_use_closure(opt)]
+            self.amp_closure_mode_ = bool(
+                optional and not self.grad_scaler_.is_enabled() and self.gradient_accumulation_steps == 1
             )
+            if self.amp_closure_mode_ and self.amp_skip_nonfinite:
+                names = ", ".join(f"{n} ({type(optimizers[n]).__name__})" for n in optional)
+                warnings.warn(
+                    f"Optimizer {names} takes an optional closure, so ampnet steps it through "
+                    "skorch's closure path, as skorch does: the non-finite guard "
+                    "(amp_skip_nonfinite), step_skipped records and LR-scheduler holding do not "
+                    "apply to it. Set amp_skip_nonfinite=False to accept this, or use an "
+                    "optimizer from torch.optim.",
+                    AmpWarning,
+                    stacklevel=3,
+                )
             return
         self.amp_closure_mode_ = True
         names = ", ".join(f"{n} ({type(optimizers[n]).__name__})" for n in closure)
@@ -326,22 +351,29 @@ class AmpNetMixin(PersistenceMixin, PrecisionControlMixin, DistributedMixin, Tra
         ``backoff_factor``, ``growth_interval``, ``min_scale``, ``max_scale``
         and ``hysteresis`` change the live scaler; other scaler settings and
         the precision parameters rebuild it with a message."""
-        scaler_kw = {k: v for k, v in kwargs.items() if k.startswith("grad_scaler__")}
-        others = {k: v for k, v in kwargs.items() if k not in scaler_kw}
+        # grad_scaler and grad_scaler__* are ampnet's to handle: skorch would
+        # treat the "grad_scaler" prefix as a module and refuse it
+        own = {k: v for k, v in kwargs.items() if k == "grad_scaler" or k.startswith("grad_scaler__")}
+        others = {k: v for k, v in kwargs.items() if k not in own}
         if others:
             super().set_params(**others)
-        for key, val in scaler_kw.items():
+        for key, val in own.items():
             setattr(self, key, val)
         if not self.initialized_:
             return self
-        changed = sorted(k for k in others if k in PRECISION_PARAMS)
+        scaler_kw = {k: v for k, v in own.items() if k != "grad_scaler"}
+        changed = sorted(k for k in {**others, **own} if k in PRECISION_PARAMS)
         if changed:
+            self._check_amp_params()
             self.initialize_precision()
             reason = self._format_reinit_msg("grad_scaler", dict.fromkeys(changed + sorted(scaler_kw)))
             self._initialize_grad_scaler(reason=reason)
             self._check_optimizers()
         elif scaler_kw:
             self._set_scaler_params(scaler_kw)
+        if STEP_PARAMS & set(others):
+            self._check_amp_params()
+            self._check_optimizers()
         return self
 
     def _set_scaler_params(self, scaler_kw: dict[str, Any]) -> None:

@@ -266,6 +266,8 @@ class GradScaler(torch.amp.GradScaler):
             setattr(self, "_" + name, cast(value))
         if self._enabled and self._scale is not None:
             self._scale.clamp_(self._min_scale, self._max_scale)
+        elif self._enabled:  # the scale tensor is made at the first scale()
+            self._init_scale = min(max(self._init_scale, self._min_scale), self._max_scale)
 
     # ---- the step -------------------------------------------------------
 

@@ -137,7 +137,7 @@ class TrainingStepMixin:
             self._finish_step(batch)
         else:
             state.stepped_batch = frozenset()
-            self._record_step(skipped=False)
+            self._record_step(skipped=False, boundary=False)
         return step
 
     def run_single_epoch(self, iterator, training, prefix, step_fn, **fit_params):
@@ -215,7 +215,10 @@ class TrainingStepMixin:
         state.stepped_epoch.update(stepped)
         self._record_step(skipped=bool(skipped), bad_data=bad_data)
 
-    def _record_step(self, skipped: bool, bad_data: bool = False) -> None:
+    def _record_step(self, skipped: bool, bad_data: bool = False, boundary: bool = True) -> None:
+        """Record the step in the history; at a step boundary, count runs of
+        skipped steps (a micro-batch inside an accumulation group is no step
+        and neither ends nor extends a run)."""
         state = self.amp_step_state_
         history = self.history
         if self.precision_policy_.enabled or self.grad_scaler_.is_enabled():
@@ -223,6 +226,8 @@ class TrainingStepMixin:
             history.record_batch("loss_scale", self.grad_scaler_.get_scale())
         elif skipped:
             history.record_batch("step_skipped", True)
+        if not boundary:
+            return
         if not skipped:
             state.consecutive_skips = 0
             state.nonfinite_inputs = 0
@@ -274,6 +279,17 @@ class TrainingStepMixin:
         )
 
     # ---- bookkeeping around epochs and LR schedulers --------------------
+
+    def on_train_begin(self, net, X=None, y=None, **kwargs):
+        super().on_train_begin(net, X=X, y=y, **kwargs)
+        # a step interrupted between unscale_() and update() (an exception
+        # in a callback, KeyboardInterrupt) must not block the next fit
+        scaler = self.grad_scaler_
+        if scaler.is_enabled() and scaler._per_optimizer_states:
+            scaler._per_optimizer_states.clear()
+        if hasattr(scaler, "scaled_in_step"):
+            scaler.scaled_in_step = False
+        self.amp_step_state_.micro_batches = 0
 
     def on_epoch_begin(self, net, dataset_train=None, dataset_valid=None, **kwargs):
         super().on_epoch_begin(net, dataset_train=dataset_train, dataset_valid=dataset_valid, **kwargs)

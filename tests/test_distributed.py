@@ -140,3 +140,27 @@ def test_nccl_with_cpu_device_is_an_error(monkeypatch):
 def test_auto_is_off_without_process_group():
     net = AmpNetClassifier(MLP).initialize()
     assert net.dist_state_.ddp is None and net.dist_state_.world_size == 1
+
+
+def _fake_gloo(monkeypatch):
+    monkeypatch.setattr(ampdist, "_process_group_ready", lambda: True)
+    monkeypatch.setattr(dist, "get_backend", lambda *a: "gloo")
+
+
+def test_closure_optimizer_with_ddp_is_an_error(monkeypatch):
+    _fake_gloo(monkeypatch)
+    with pytest.raises(ValueError, match="cannot use skorch's closure path"):
+        AmpNetClassifier(MLP, optimizer=torch.optim.LBFGS).initialize()
+
+
+def test_learnable_parameters_outside_module_with_ddp_are_an_error(monkeypatch):
+    _fake_gloo(monkeypatch)
+
+    class WithExtra(AmpNetClassifier):
+        def initialize_module(self):
+            super().initialize_module()
+            self.extra_ = torch.nn.Linear(2, 2)
+            return self
+
+    with pytest.raises(ValueError, match=r"extra_ also has learnable parameters"):
+        WithExtra(MLP).initialize()

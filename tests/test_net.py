@@ -224,10 +224,70 @@ def test_enabled_scaler_instance_with_bf16_is_an_error_unless_forced(classifier_
     assert forced.history[-1, "loss_scale"] == 2.0**16
 
 
-def test_scaler_instance_is_used_when_it_fits():
-    scaler = GradScaler("cpu", init_scale=8.0)
-    net = AmpNetClassifier(MLP, amp_enabled=True, amp_dtype="fp16", grad_scaler=scaler).initialize()
-    assert net.grad_scaler_ is scaler
+def test_scaler_instance_is_copied_not_trained(classifier_data):
+    from sklearn.base import clone
+
+    X, y = classifier_data
+    scaler = GradScaler("cpu", init_scale=8.0, growth_interval=1)
+    net = AmpNetClassifier(MLP, amp_enabled=True, amp_dtype="fp16", grad_scaler=scaler, max_epochs=1,
+                           verbose=0)
+    net.fit(X, y)
+    assert net.grad_scaler_ is not scaler and net.grad_scaler_.get_scale() > 8.0
+    assert scaler.get_scale() == 8.0  # the hyper-parameter is unchanged
+    assert clone(net).initialize().grad_scaler_.get_scale() == 8.0
+
+
+def test_set_params_grad_scaler_on_fitted_net(capsys):
+    net = AmpNetClassifier(MLP, amp_enabled=True, amp_dtype="fp16").initialize()
+    capsys.readouterr()
+    net.set_params(grad_scaler=GradScaler("cpu", init_scale=4.0))
+    assert net.grad_scaler_.get_scale() == 4.0
+    assert "Re-initializing grad_scaler because the following parameters were re-set: grad_scaler." in (
+        capsys.readouterr().out
+    )
+    with pytest.raises(ValueError, match="grad_scaler must be a torch.amp.GradScaler"):
+        net.set_params(grad_scaler="fp16")
+
+
+def test_step_settings_rechecked_by_set_params():
+    net = AmpNetClassifier(MLP, optimizer=torch.optim.LBFGS).initialize()
+    with pytest.raises(ValueError, match=r"LBFGS\) needs a closure.*gradient_accumulation_steps=2"):
+        net.set_params(gradient_accumulation_steps=2)
+    with pytest.raises(ValueError, match="gradient_accumulation_steps must be an int >= 1; got 0"):
+        AmpNetClassifier(MLP).initialize().set_params(gradient_accumulation_steps=0)
+
+
+def test_live_bounds_apply_before_the_first_step():
+    from sklearn.base import clone
+
+    net = AmpNetClassifier(MLP, amp_enabled=True, amp_dtype="fp16").initialize()
+    with pytest.raises(ValueError, match=r"init_scale=65536.0.*must lie within"):
+        net.set_params(grad_scaler__max_scale=1024.0)
+    net.set_params(grad_scaler__max_scale=1024.0, grad_scaler__init_scale=512.0)
+    assert net.grad_scaler_.get_scale() == 512.0
+    assert clone(net).initialize().grad_scaler_.get_scale() == 512.0
+
+
+def test_interrupted_step_does_not_block_the_next_fit(classifier_data):
+    X, y = classifier_data
+
+    class Boom(Callback):
+        def initialize(self):
+            self.armed = True
+            return self
+
+        def on_grad_computed(self, net, **kwargs):
+            if self.armed:
+                self.armed = False
+                raise RuntimeError("callback failed")
+
+    net = AmpNetClassifier(MLP, amp_enabled=True, amp_dtype="fp16", callbacks=[Boom()], max_epochs=1,
+                           verbose=0)
+    net.initialize()
+    with pytest.raises(RuntimeError, match="callback failed"):
+        net.partial_fit(X, y)
+    net.partial_fit(X, y)  # torch's scaler would say "unscale_() has already been called"
+    assert net.history[-1, "skipped_steps"] == 0
 
 
 def test_fp16_without_scaling_warns():
@@ -451,7 +511,8 @@ def test_custom_optional_closure_optimizer_gets_the_closure_like_skorch(classifi
     ref = NeuralNetClassifier(**kw).fit(X, y)
     skorch_calls, ClosureSGD.calls = ClosureSGD.calls, 0
     torch.manual_seed(0)
-    net = AmpNetClassifier(**kw).fit(X, y)
+    with pytest.warns(AmpWarning, match=r"ClosureSGD\) takes an optional closure.*guard"):
+        net = AmpNetClassifier(**kw).fit(X, y)
     assert ClosureSGD.calls == skorch_calls > 0
     assert params_equal(ref, net)
     # with loss scaling the closure cannot be passed: ampnet's own step is used

@@ -267,6 +267,16 @@ def test_nan_in_input_is_reported_as_data_not_overflow(classifier_data):
     assert [b["loss_scale"] for b in batches] == [128.0] * 4  # no backoff for bad data
 
 
+def test_divergence_guard_counts_steps_not_micro_batches(classifier_data):
+    X, y = classifier_data
+    net = AmpNetClassifier(**net_kw(module__bad_calls=range(1, 1000), max_epochs=5, amp_enabled=True,
+                                    amp_dtype="bf16", gradient_accumulation_steps=2,
+                                    amp_max_consecutive_skips=3))
+    with pytest.raises(AmpDivergenceError, match="3 optimizer steps in a row"):
+        net.fit(X, y)
+    assert len(net.history) == 1  # stopped in the first epoch (8 micro-batches = 4 steps)
+
+
 def test_all_nan_data_names_the_data_as_cause(classifier_data):
     X = np.full((32, 20), np.nan, dtype=np.float32)
     y = classifier_data[1][:32]
@@ -332,6 +342,11 @@ def test_amp_monitor_reports_bursts_and_feeds_tensorboard(classifier_data, tmp_p
     writer.flush()
     bursts = [e for e in monitor.events_ if e["kind"] == "burst"]
     assert [e["value"] for e in bursts] == [3]
+    # with gradient accumulation a burst counts steps, not micro-batches
+    acc_monitor = AmpMonitor(burst=2, sink=lines.append)
+    fit_quiet(AmpNetClassifier(**net_kw(module__bad_calls=(3, 4, 5, 6), amp_enabled=True, amp_dtype="bf16",
+                                        gradient_accumulation_steps=2, callbacks=[acc_monitor])), X, y)
+    assert [e["value"] for e in acc_monitor.events_ if e["kind"] == "burst"] == [2]
     assert any("3 optimizer steps in a row were skipped" in line for line in lines)
     assert net.history[-1, "max_skip_burst"] == 3
     assert net.history[-1, "scale_changes"] == 3  # 512 -> 256 -> 128 -> 64

@@ -79,8 +79,9 @@ class AmpMonitor(Callback):
         if not training:
             return
         row = net.history[-1, "batches", -1]
-        if "loss_scale" not in row and "step_skipped" not in row:
-            return
+        state = getattr(net, "amp_step_state_", None)
+        if state is None or (not state.stepped_batch and not row.get("step_skipped", False)):
+            return  # not an ampnet net, or a micro-batch inside an accumulation group: no step
         self.global_step_ += 1
         skipped = bool(row.get("step_skipped", False))
         scale = row.get("loss_scale")
