@@ -19,11 +19,11 @@ from skorch.utils import to_tensor
 from ampnet.distributed import DistributedMixin
 from ampnet.exceptions import AmpWarning
 from ampnet.persistence import PersistenceMixin
-from ampnet.precision import PrecisionPolicy, resolve_precision
+from ampnet.precision import PrecisionPolicy, _describe, resolve_precision
 from ampnet.precision_control import PrecisionControlMixin
 from ampnet.scaler import LIVE_SETTINGS, GradScaler, validate_scaler_settings
 from ampnet.training import StepState, TrainingStepMixin
-from ampnet.utils import may_use_closure, needs_closure
+from ampnet.utils import cast_floating, may_use_closure, needs_closure
 
 __all__ = ["AmpNetMixin", "AmpNet", "AmpNetClassifier", "AmpNetRegressor", "AmpNetBinaryClassifier"]
 
@@ -114,10 +114,6 @@ AMP_DOC = """
       validation predictions are reduced so that every rank has the same
       history, and only rank 0 prints and writes checkpoints.
 """
-
-
-def _describe(value: Any) -> str:
-    return f"{value!r} ({type(value).__name__})"
 
 
 class AmpNetMixin(PersistenceMixin, PrecisionControlMixin, DistributedMixin, TrainingStepMixin):
@@ -412,7 +408,7 @@ class AmpNetMixin(PersistenceMixin, PrecisionControlMixin, DistributedMixin, Tra
         policy = self.precision_policy_
         if not policy.enabled:
             return super().infer(x, **fit_params)
-        x = _float64_to_float32(to_tensor(x, device=self.device))
+        x = cast_floating(to_tensor(x, device=self.device), torch.float32, only=(torch.float64,))
         with policy.autocast():
             try:
                 return policy.convert_output(super().infer(x, **fit_params))
@@ -461,16 +457,6 @@ def _init_param_names(cls: type, exclude: tuple[str, ...] = ()) -> list[str]:
         if not any(p.kind == p.VAR_KEYWORD for p in params):
             break
     return names
-
-
-def _float64_to_float32(x: Any) -> Any:
-    if isinstance(x, torch.Tensor):
-        return x.float() if x.dtype == torch.float64 else x
-    if isinstance(x, dict):
-        return {k: _float64_to_float32(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return type(x)(_float64_to_float32(v) for v in x)
-    return x
 
 
 def _dtypes_of(x: Any) -> str:

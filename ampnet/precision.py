@@ -16,6 +16,8 @@ from typing import Any, ContextManager
 
 import torch
 
+from ampnet.utils import cast_floating
+
 __all__ = [
     "PrecisionPolicy",
     "resolve_precision",
@@ -175,19 +177,7 @@ class PrecisionPolicy:
         """
         if not self.enabled:
             return obj
-        return _to_float32(obj)
-
-
-def _to_float32(obj: Any) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return obj.float() if obj.dtype in _LOW_PRECISION else obj
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
-        return type(obj)(*(_to_float32(o) for o in obj))
-    if isinstance(obj, (tuple, list)):
-        return type(obj)(_to_float32(o) for o in obj)
-    if isinstance(obj, dict):
-        return type(obj)((k, _to_float32(v)) for k, v in obj.items())
-    return obj
+        return cast_floating(obj, torch.float32)
 
 
 def _check_bool(name: str, value: Any) -> bool:

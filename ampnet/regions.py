@@ -15,23 +15,9 @@ from typing import Any
 
 import torch
 
+from ampnet.utils import cast_floating
+
 __all__ = ["AutocastRegion", "install_region", "remove_regions", "regions_of", "cast_floating"]
-
-_LOW = (torch.float16, torch.bfloat16)
-
-
-def cast_floating(obj: Any, dtype: torch.dtype, only: tuple = _LOW) -> Any:
-    """Cast tensors of a dtype in ``only`` found in ``obj`` (walking tuples,
-    lists and dicts) to ``dtype``."""
-    if isinstance(obj, torch.Tensor):
-        return obj.to(dtype) if obj.dtype in only and obj.dtype != dtype else obj
-    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
-        return type(obj)(*(cast_floating(o, dtype, only) for o in obj))
-    if isinstance(obj, (tuple, list)):
-        return type(obj)(cast_floating(o, dtype, only) for o in obj)
-    if isinstance(obj, dict):
-        return type(obj)((k, cast_floating(v, dtype, only)) for k, v in obj.items())
-    return obj
 
 
 class AutocastRegion:

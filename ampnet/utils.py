@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 __all__ = [
+    "cast_floating",
     "needs_closure",
     "may_use_closure",
     "grads_are_finite",
@@ -89,3 +90,20 @@ def has_nonfinite(obj: Any) -> bool:
     if isinstance(obj, (list, tuple)):
         return any(has_nonfinite(v) for v in obj)
     return False
+
+
+_LOW = (torch.float16, torch.bfloat16)
+
+
+def cast_floating(obj: Any, dtype: torch.dtype, only: tuple = _LOW) -> Any:
+    """Cast tensors of a dtype in ``only`` found in ``obj`` (walking tuples,
+    lists and dicts) to ``dtype``."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(dtype) if obj.dtype in only and obj.dtype != dtype else obj
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)(*(cast_floating(o, dtype, only) for o in obj))
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(cast_floating(o, dtype, only) for o in obj)
+    if isinstance(obj, dict):
+        return type(obj)((k, cast_floating(v, dtype, only)) for k, v in obj.items())
+    return obj
