@@ -41,6 +41,23 @@ def is_path(target: Any) -> bool:
     return isinstance(target, (str, os.PathLike))
 
 
+def read_json(target: Any, source: str, what: str) -> Any:
+    """Parse JSON from a path or an open text file.
+
+    Raises
+    ------
+    ValueError
+      ``"{source} is not {what} (...)"`` for unparsable content.
+    """
+    try:
+        if is_path(target):
+            with open(target, encoding="utf-8") as f:
+                return json.load(f)
+        return json.load(target)
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+        raise ValueError(f"{source} is not {what} ({exc}).") from exc
+
+
 def _fsync_file(path: str) -> None:
     with open(path, "r+b") as f:
         os.fsync(f.fileno())

@@ -16,6 +16,8 @@ from typing import Any
 
 from skorch.callbacks import LRScheduler
 
+from ampnet.atomic import read_json
+
 __all__ = ["lr_scheduler_states", "dumps_lr_scheduler_states", "read_lr_scheduler_states",
            "restore_lr_schedulers"]
 
@@ -68,14 +70,7 @@ def read_lr_scheduler_states(target: Any, source: str) -> dict[str, Any]:
       Naming ``source``: not JSON, not a scheduler-state file, or a newer
       format.
     """
-    try:
-        if isinstance(target, (str, bytes)) or hasattr(target, "__fspath__"):
-            with open(target, encoding="utf-8") as f:
-                data = json.load(f)
-        else:
-            data = json.load(target)
-    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
-        raise ValueError(f"{source} is not a JSON file of scheduler states ({exc}).") from exc
+    data = read_json(target, source, "a JSON file of scheduler states")
     if not (isinstance(data, dict) and isinstance(data.get("schedulers"), dict)):
         raise ValueError(
             f"{source} is not an ampnet file of learning-rate scheduler states (expected "

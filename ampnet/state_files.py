@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
 from collections.abc import Mapping
@@ -13,7 +12,7 @@ import torch
 from skorch.callbacks import TrainEndCheckpoint as SkorchTrainEndCheckpoint
 from skorch.history import History
 
-from ampnet.atomic import is_path, recover
+from ampnet.atomic import is_path, read_json, recover
 
 def _describe_target(key: str, target: Any) -> str:
     if is_path(target):
@@ -88,14 +87,7 @@ def _read_state(target: Any, source: str, safetensors: bool, map_location: Any,
 
 
 def _read_history(target: Any, source: str) -> list:
-    try:
-        if is_path(target):
-            with open(target, encoding="utf-8") as f:
-                rows = json.load(f)
-        else:
-            rows = json.load(target)
-    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
-        raise ValueError(f"{source} is not a JSON history ({exc}).") from exc
+    rows = read_json(target, source, "a JSON history")
     if not (isinstance(rows, list) and all(isinstance(row, dict) for row in rows)):
         raise ValueError(
             f"{source} is not a skorch history: expected a JSON list of epoch dicts, got "
