@@ -6,8 +6,8 @@
 
 from ampnet.exceptions import AmpDivergenceError, AmpStateError, AmpWarning
 from ampnet.net import AmpNet, AmpNetBinaryClassifier, AmpNetClassifier, AmpNetMixin, AmpNetRegressor
-from ampnet.precision import PrecisionPolicy, resolve_precision
-from ampnet.scaler import GradScaler
+from ampnet.precision.policy import PrecisionPolicy, resolve_precision
+from ampnet.precision.scaler import GradScaler
 
 __version__ = "0.1.0"
 

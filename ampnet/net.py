@@ -16,14 +16,14 @@ from skorch.classifier import NeuralNetBinaryClassifier, NeuralNetClassifier
 from skorch.regressor import NeuralNetRegressor
 from skorch.utils import to_tensor
 
-from ampnet.distributed import DistributedMixin
+from ampnet.parallel import DistributedMixin
 from ampnet.exceptions import AmpWarning
-from ampnet.persistence import PersistenceMixin
-from ampnet.precision import PrecisionPolicy, _describe, resolve_precision
+from ampnet.io.persistence import PersistenceMixin
+from ampnet.precision.policy import PrecisionPolicy, _describe, resolve_precision
 from ampnet.precision_control import PrecisionControlMixin
-from ampnet.scaler import LIVE_SETTINGS, GradScaler, validate_scaler_settings
-from ampnet.training import StepState, TrainingStepMixin
-from ampnet.utils import cast_floating, may_use_closure, needs_closure
+from ampnet.precision.scaler import LIVE_SETTINGS, GradScaler, validate_scaler_settings
+from ampnet.step import StepState, TrainingStepMixin
+from ampnet._tree import cast_floating, may_use_closure, needs_closure
 
 __all__ = ["AmpNetMixin", "AmpNet", "AmpNetClassifier", "AmpNetRegressor", "AmpNetBinaryClassifier"]
 

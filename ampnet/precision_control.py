@@ -20,8 +20,8 @@ import torch
 from skorch.utils import to_tensor
 
 from ampnet.exceptions import AmpWarning
-from ampnet.layout import PrecisionLayout, plan_layout
-from ampnet.master_weights import (
+from ampnet.precision.plan import PrecisionLayout, plan_layout
+from ampnet.precision.masters import (
     find_state_hook,
     install_state_hooks,
     make_masters,
@@ -30,9 +30,9 @@ from ampnet.master_weights import (
     remove_state_hooks,
     sync_module,
 )
-from ampnet.precision import parse_amp_dtype
-from ampnet.regions import AutocastRegion, install_region, regions_of, remove_regions
-from ampnet.selectors import parse_selectors
+from ampnet.precision.policy import parse_amp_dtype
+from ampnet.precision.regions import AutocastRegion, install_region, regions_of, remove_regions
+from ampnet.precision.selectors import parse_selectors
 
 __all__ = ["PrecisionControlMixin", "MEMORY_FORMATS", "CONTROL_PARAMS"]
 
@@ -485,12 +485,12 @@ class PrecisionControlMixin:
 
         Returns
         -------
-        report : ampnet.report.PrecisionReport
+        report : ampnet.precision.report.PrecisionReport
           ``str(report)`` is a text table, ``report.to_dicts()`` a list of
           dicts, ``report.recommended_fp32_modules`` the modules it suggests
           for ``amp_fp32_modules``.
         """
-        from ampnet.report import build_report
+        from ampnet.precision.report import build_report
 
         if not self.initialized_:
             self.initialize()

@@ -21,7 +21,7 @@ torch.set_num_threads(1)
 from skorch.callbacks import Callback, LRScheduler  # noqa: E402
 
 from ampnet import AmpNetClassifier  # noqa: E402
-from ampnet.checkpoint import Checkpoint, LoadInitState  # noqa: E402
+from ampnet.callbacks.checkpoint import Checkpoint, LoadInitState  # noqa: E402
 
 N_EPOCHS = 6
 KILL_MARKER = "HANGING-NOW"

@@ -24,11 +24,11 @@ from skorch.dataset import ValidSplit
 from skorch.exceptions import DeviceWarning
 
 from ampnet import AmpNetClassifier
-from ampnet import atomic
-from ampnet.atomic import JOURNAL_NAME, TEMP_SUFFIX, recover
-from ampnet.checkpoint import Checkpoint, LoadInitState, TrainEndCheckpoint
+from ampnet.io import atomic
+from ampnet.io.atomic import JOURNAL_NAME, TEMP_SUFFIX, recover
+from ampnet.callbacks.checkpoint import Checkpoint, LoadInitState, TrainEndCheckpoint
 from ampnet.exceptions import AmpWarning
-from ampnet.rng import get_rng_state
+from ampnet.io.rng import get_rng_state
 from resume_script import Tiny, differences, make_data
 
 NOTICES = "float16 autocast on CPU|this CPU has no native bfloat16"
@@ -227,7 +227,7 @@ def test_scale_outside_the_net_bounds_is_clamped_with_a_warning(tmp_path, fitted
 @pytest.mark.parametrize("saved", ["fp16", "bf16", "off"])
 @pytest.mark.parametrize("loaded", ["fp16", "bf16", "off"])
 def test_precision_change_between_save_and_load(tmp_path, saved, loaded):
-    """The 9 cells of the table in ampnet.persistence."""
+    """The 9 cells of the table in ampnet.io.persistence."""
     files = {"f_params": str(tmp_path / "p.pt"), "f_grad_scaler": str(tmp_path / "s.pt")}
     src = tiny_net(saved, grad_scaler__init_scale=512.0).initialize()
     src.save_params(**files)

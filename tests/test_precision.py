@@ -5,8 +5,8 @@ import collections
 import pytest
 import torch
 
-from ampnet import precision
-from ampnet.precision import PrecisionPolicy, parse_amp_dtype, resolve_precision
+from ampnet.precision import policy as precision
+from ampnet.precision.policy import PrecisionPolicy, parse_amp_dtype, resolve_precision
 
 
 @pytest.mark.parametrize(

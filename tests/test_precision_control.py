@@ -10,7 +10,7 @@ import torch
 from sklearn.base import clone
 
 from ampnet import AmpNetClassifier, AmpWarning
-from ampnet.regions import AutocastRegion, regions_of
+from ampnet.precision.regions import AutocastRegion, regions_of
 from precision_helpers import CL, Head, Probe, ThreePart, image_data
 
 pytestmark = pytest.mark.filterwarnings(

@@ -12,8 +12,8 @@ import torch
 from skorch.callbacks import Callback
 
 from ampnet import AmpNetClassifier, AmpNetRegressor, AmpWarning
-from ampnet.checkpoint import Checkpoint
-from ampnet.layout import NORM_LAYERS
+from ampnet.callbacks.checkpoint import Checkpoint
+from ampnet.precision.plan import NORM_LAYERS
 from precision_helpers import (
     DigitsCNN,
     DigitsMLP,

@@ -21,10 +21,10 @@ import torch
 import resume_script as rs
 from resume_script import differences
 from ampnet import AmpNetClassifier
-from ampnet.atomic import JOURNAL_NAME, TEMP_SUFFIX
-from ampnet.checkpoint import Checkpoint
+from ampnet.io.atomic import JOURNAL_NAME, TEMP_SUFFIX
+from ampnet.callbacks.checkpoint import Checkpoint
 from ampnet.exceptions import AmpWarning
-from ampnet.rng import get_rng_state, set_rng_state
+from ampnet.io.rng import get_rng_state, set_rng_state
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "resume_script.py")
 STOP = 3  # epochs of the interrupted run before it stops

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from ampnet import GradScaler
-from ampnet.scaler import validate_scaler_state
+from ampnet.precision.scaler import validate_scaler_state
 
 
 def make_step(scaler, overflow, param=None, opt=None):

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from ampnet.utils import grads_are_finite, has_nonfinite, may_use_closure, needs_closure
+from ampnet._tree import grads_are_finite, has_nonfinite, may_use_closure, needs_closure
 
 
 def param_with_grad(values, dtype=torch.float32):

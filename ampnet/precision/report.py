@@ -14,8 +14,8 @@ from typing import Any
 import torch
 from skorch.dataset import unpack_data
 
-from ampnet.layout import is_inside
-from ampnet.precision import parse_amp_dtype, resolve_precision
+from ampnet.precision.plan import is_inside
+from ampnet.precision.policy import parse_amp_dtype, resolve_precision
 
 __all__ = ["PrecisionReport", "ModuleReport", "build_report", "NEAR_OVERFLOW", "UNDERFLOW_FLAG"]
 

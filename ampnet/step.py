@@ -19,7 +19,7 @@ from skorch.callbacks import LRScheduler
 from skorch.utils import TeeGenerator
 
 from ampnet.exceptions import AmpDivergenceError, AmpStateError, AmpWarning
-from ampnet.utils import grads_are_finite, has_nonfinite, optimizer_params_with_grad
+from ampnet._tree import grads_are_finite, has_nonfinite, optimizer_params_with_grad
 
 __all__ = ["TrainingStepMixin", "StepState"]
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ampnet.utils import cast_floating
+from ampnet._tree import cast_floating
 
 __all__ = ["AutocastRegion", "install_region", "remove_regions", "regions_of", "cast_floating"]
 

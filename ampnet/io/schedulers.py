@@ -16,7 +16,7 @@ from typing import Any
 
 from skorch.callbacks import LRScheduler
 
-from ampnet.atomic import read_json
+from ampnet.io.atomic import read_json
 
 __all__ = ["lr_scheduler_states", "dumps_lr_scheduler_states", "read_lr_scheduler_states",
            "restore_lr_schedulers"]
@@ -117,7 +117,7 @@ def restore_lr_schedulers(net: Any, data: dict[str, Any]) -> list[str]:
         elif scheduler is None:
             notes.append(
                 f"LRScheduler {name!r} is not running (the net is not training); "
-                "ampnet.checkpoint.LoadInitState restores it when training starts"
+                "ampnet.callbacks.checkpoint.LoadInitState restores it when training starts"
             )
         elif type(scheduler).__name__ != entry["policy"]:
             notes.append(

@@ -16,7 +16,7 @@ from typing import Any, ContextManager
 
 import torch
 
-from ampnet.utils import cast_floating
+from ampnet._tree import cast_floating
 
 __all__ = [
     "PrecisionPolicy",

@@ -1,5 +1,5 @@
 """Reading, checking and writing the files of a net's state (used by
-:class:`ampnet.persistence.PersistenceMixin` and :mod:`ampnet.checkpoint`)."""
+:class:`ampnet.io.persistence.PersistenceMixin` and :mod:`ampnet.callbacks.checkpoint`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 from skorch.callbacks import TrainEndCheckpoint as SkorchTrainEndCheckpoint
 from skorch.history import History
 
-from ampnet.atomic import is_path, read_json, recover
+from ampnet.io.atomic import is_path, read_json, recover
 
 def _describe_target(key: str, target: Any) -> str:
     if is_path(target):

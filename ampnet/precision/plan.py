@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from ampnet.precision import PrecisionPolicy
-from ampnet.selectors import match_modules, parse_selectors
+from ampnet.precision.policy import PrecisionPolicy
+from ampnet.precision.selectors import match_modules, parse_selectors
 
 __all__ = ["PrecisionLayout", "plan_layout", "NORM_LAYERS", "is_inside"]
 

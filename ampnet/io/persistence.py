@@ -42,9 +42,9 @@ from skorch.callbacks import LRScheduler
 from skorch.history import History
 from skorch.utils import _check_f_arguments, get_map_location
 
-from ampnet.atomic import atomic_write_group, is_path, recover
+from ampnet.io.atomic import atomic_write_group, is_path, recover
 from ampnet.exceptions import AmpWarning
-from ampnet.state_files import (
+from ampnet.io.files import (
     _describe_target,
     _attr_of,
     _to_tensors,
@@ -59,9 +59,9 @@ from ampnet.state_files import (
     _text_writer,
     _state_writer,
 )
-from ampnet.rng import get_rng_state, set_rng_state, validate_rng_state
-from ampnet.scaler import _STATE_VERSION, GradScaler, validate_scaler_state
-from ampnet.scheduler_state import (
+from ampnet.io.rng import get_rng_state, set_rng_state, validate_rng_state
+from ampnet.precision.scaler import _STATE_VERSION, GradScaler, validate_scaler_state
+from ampnet.io.schedulers import (
     dumps_lr_scheduler_states,
     read_lr_scheduler_states,
     restore_lr_schedulers,
@@ -125,7 +125,7 @@ class PersistenceMixin:
         Every path is written to a temporary file in its directory and
         renamed into place once all files of the call are complete, so a
         process killed at any moment leaves either all old files or all new
-        ones (see :mod:`ampnet.atomic`). Open file objects are written
+        ones (see :mod:`ampnet.io.atomic`). Open file objects are written
         directly.
 
         Parameters
@@ -152,7 +152,7 @@ class PersistenceMixin:
 
         f_lr_schedulers : file-like object, str, None (default=None)
           Path of the state of the running ``LRScheduler`` callbacks (JSON),
-          which :class:`ampnet.checkpoint.LoadInitState` restores. Pass
+          which :class:`ampnet.callbacks.checkpoint.LoadInitState` restores. Pass
           ``None`` to not save.
 
         f_pickle : file-like object, str, None (default=None)
@@ -250,7 +250,7 @@ class PersistenceMixin:
         net's own scaler settings (``grad_scaler__*``) stay in force, and an
         :class:`.AmpWarning` names each setting that differed in the file.
         For loads across precisions (float16, bfloat16, off) see the table
-        in :mod:`ampnet.persistence`.
+        in :mod:`ampnet.io.persistence`.
 
         Parameters
         ----------
@@ -268,9 +268,9 @@ class PersistenceMixin:
           Path of the ``LRScheduler`` states; restored into the schedulers
           that are running (during training, e.g. from a callback), with an
           :class:`.AmpWarning` for the others. To resume a schedule, load
-          through :class:`ampnet.checkpoint.LoadInitState`.
+          through :class:`ampnet.callbacks.checkpoint.LoadInitState`.
 
-        checkpoint : :class:`ampnet.checkpoint.Checkpoint`, None (default=None)
+        checkpoint : :class:`ampnet.callbacks.checkpoint.Checkpoint`, None (default=None)
           Load every file of this checkpoint (skorch's Checkpoint works
           too). Explicit ``f_*`` arguments override its files. A scaler,
           RNG or scheduler file that the checkpoint does not name (skorch's
@@ -439,7 +439,7 @@ class PersistenceMixin:
     def _plan_grad_scaler(self, state: Any, source: str) -> Callable[[], None]:
         """Check a scaler state against this net's scaler; return what loads it.
 
-        See the table in :mod:`ampnet.persistence` for each precision pair.
+        See the table in :mod:`ampnet.io.persistence` for each precision pair.
         """
         scaler = self.grad_scaler_
         if not scaler.is_enabled():

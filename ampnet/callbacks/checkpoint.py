@@ -1,0 +1,297 @@
+"""``Checkpoint``, ``TrainEndCheckpoint`` and ``LoadInitState``: drop-in
+replacements for skorch's that also save and restore the loss-scaler state
+and the RNG states, write crash-safe, and resume exactly.
+
+>>> from ampnet.callbacks.checkpoint import Checkpoint, LoadInitState
+>>> cp = Checkpoint(monitor=None, dirname="run1")
+>>> net = AmpNetClassifier(MyModule, amp_enabled=True, amp_dtype="float16",
+...                        callbacks=[LoadInitState(cp), LRScheduler(...), cp])
+>>> net.fit(X, y)  # run it again after a crash: it continues where it stopped
+
+Put the Checkpoint after every callback that records into the history or
+steps a learning-rate scheduler at the end of an epoch (last is simplest),
+so that it saves the state of the finished epoch.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import warnings
+from typing import Any, Callable
+
+from skorch.callbacks import LRScheduler
+from skorch.callbacks import Checkpoint as SkorchCheckpoint
+from skorch.callbacks import LoadInitState as SkorchLoadInitState
+from skorch.callbacks import TrainEndCheckpoint as SkorchTrainEndCheckpoint
+from skorch.utils import noop
+
+from ampnet.io.atomic import is_path
+from ampnet.exceptions import AmpWarning
+from ampnet.io.persistence import PersistenceMixin, checkpoint_files, resolve_checkpoint
+from ampnet.io.schedulers import read_lr_scheduler_states, restore_lr_schedulers
+
+__all__ = ["Checkpoint", "TrainEndCheckpoint", "LoadInitState"]
+
+_AMPNET_FILES_DOC = """
+    f_grad_scaler : file-like object, str, None (default='grad_scaler.pt')
+      File of the loss-scaler state (scale, growth tracker). Pass ``None``
+      to not save it. Supports the same format specifiers as ``f_params``.
+
+    f_rng_state : file-like object, str, None (default='rng_state.pt')
+      File of the global RNG states (torch, CUDA where used, numpy,
+      ``random``), restored on resume so that shuffling and dropout continue
+      as in an uninterrupted run. Pass ``None`` to not save it.
+
+    f_lr_schedulers : file-like object, str, None (default='lr_schedulers.json')
+      File of the state of the ``LRScheduler`` callbacks (JSON), restored
+      by :class:`LoadInitState` so that the schedule continues exactly.
+      Pass ``None`` to not save it.
+"""
+
+
+def _document(intro: str, skorch_doc: str | None) -> str:
+    """``intro`` followed by skorch's parameter section, with ampnet's files."""
+    marker = "    Parameters\n    ----------"
+    if not skorch_doc or marker not in skorch_doc:
+        return intro
+    params = marker + skorch_doc.split(marker, 1)[1]
+    return intro + "\n" + params.replace(
+        "    f_pickle :", _AMPNET_FILES_DOC.lstrip("\n") + "\n    f_pickle :", 1
+    )
+
+
+def _check_net(net: Any, owner: str) -> None:
+    if not isinstance(net, PersistenceMixin):
+        raise TypeError(
+            f"ampnet.callbacks.checkpoint.{owner} saves the loss-scaler and RNG states and needs an "
+            f"ampnet net (AmpNet, AmpNetClassifier, ...); got {type(net).__name__}. Fix: "
+            f"use skorch.callbacks.{owner} for a plain skorch net."
+        )
+
+
+class Checkpoint(SkorchCheckpoint):
+    __doc__ = _document(
+        "skorch's :class:`skorch.callbacks.Checkpoint` that also saves the loss-scaler\n"
+        "    and RNG states, and writes every checkpoint crash-safe: a process killed\n"
+        "    during a save leaves the previous checkpoint whole (see\n"
+        "    :meth:`ampnet.AmpNet.save_params`). Errors while saving are raised, not\n"
+        "    sent to ``sink``. With ``load_best=True`` the best checkpoint is loaded\n"
+        "    without its RNG state, so that code after ``fit`` draws fresh numbers.\n",
+        SkorchCheckpoint.__doc__,
+    )
+
+    def __init__(
+        self,
+        monitor: str | Callable[[Any], bool] | None = "valid_loss_best",
+        f_params: Any = "params.pt",
+        f_optimizer: Any = "optimizer.pt",
+        f_criterion: Any = "criterion.pt",
+        f_history: Any = "history.json",
+        f_grad_scaler: Any = "grad_scaler.pt",
+        f_rng_state: Any = "rng_state.pt",
+        f_lr_schedulers: Any = "lr_schedulers.json",
+        f_pickle: Any = None,
+        fn_prefix: str = "",
+        dirname: str = "",
+        event_name: str | None = "event_cp",
+        sink: Callable[..., Any] = noop,
+        load_best: bool = False,
+        use_safetensors: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            monitor=monitor, f_params=f_params, f_optimizer=f_optimizer,
+            f_criterion=f_criterion, f_history=f_history, f_pickle=f_pickle,
+            fn_prefix=fn_prefix, dirname=dirname, event_name=event_name, sink=sink,
+            load_best=load_best, use_safetensors=use_safetensors,
+            f_grad_scaler=f_grad_scaler, f_rng_state=f_rng_state,
+            f_lr_schedulers=f_lr_schedulers, **kwargs,
+        )
+
+    def on_train_begin(self, net: Any, **kwargs: Any) -> None:
+        _check_net(net, type(self).__name__)
+        later = _epoch_schedulers_after(net, self)
+        if later and (self.f_optimizer is not None or self.f_lr_schedulers is not None):
+            warnings.warn(
+                f"LRScheduler {later} comes after this Checkpoint in callbacks, so each "
+                "checkpoint holds the learning rate from before the epoch's scheduler step "
+                "and a resumed run would be one step behind. Fix: put the Checkpoint after "
+                "the LRScheduler (last in callbacks).",
+                AmpWarning,
+                stacklevel=2,
+            )
+
+    def save_model(self, net: Any) -> None:
+        """Save all files of this checkpoint in one crash-safe group."""
+        _check_net(net, type(self).__name__)
+        files = {
+            key: self._format_target(net, val, -1)
+            for key, val in self._f_kwargs().items()
+            if val is not None and key != "f_history"
+        }
+        if self.f_history is not None:
+            files["f_history"] = self.f_history_
+        net.save_params(**files, use_safetensors=self.use_safetensors)
+
+    def on_train_end(self, net: Any, **kwargs: Any) -> None:
+        if not self.load_best or self.monitor is None:
+            return
+        self._sink("Loading best checkpoint after training.", net.verbose)
+        without_rng = copy.copy(self)
+        without_rng.f_rng_state = None
+        net.load_params(checkpoint=without_rng, use_safetensors=self.use_safetensors)
+
+
+class TrainEndCheckpoint(SkorchTrainEndCheckpoint):
+    __doc__ = _document(
+        "skorch's :class:`skorch.callbacks.TrainEndCheckpoint` that also saves the\n"
+        "    loss-scaler and RNG states, crash-safe (see :class:`Checkpoint`).\n",
+        SkorchTrainEndCheckpoint.__doc__,
+    )
+
+    def __init__(
+        self,
+        f_params: Any = "params.pt",
+        f_optimizer: Any = "optimizer.pt",
+        f_criterion: Any = "criterion.pt",
+        f_history: Any = "history.json",
+        f_grad_scaler: Any = "grad_scaler.pt",
+        f_rng_state: Any = "rng_state.pt",
+        f_lr_schedulers: Any = "lr_schedulers.json",
+        f_pickle: Any = None,
+        fn_prefix: str = "train_end_",
+        dirname: str = "",
+        use_safetensors: bool = False,
+        sink: Callable[..., Any] = noop,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            f_params=f_params, f_optimizer=f_optimizer, f_criterion=f_criterion,
+            f_history=f_history, f_pickle=f_pickle, fn_prefix=fn_prefix, dirname=dirname,
+            use_safetensors=use_safetensors, sink=sink, f_grad_scaler=f_grad_scaler,
+            f_rng_state=f_rng_state, f_lr_schedulers=f_lr_schedulers, **kwargs,
+        )
+
+    def initialize(self) -> "TrainEndCheckpoint":
+        self.checkpoint_ = Checkpoint(
+            monitor=None,
+            fn_prefix=self.fn_prefix,
+            dirname=self.dirname,
+            event_name=None,
+            sink=self.sink,
+            use_safetensors=self.use_safetensors,
+            **self._f_kwargs(),
+        )
+        self.checkpoint_.initialize()
+        return self
+
+
+class LoadInitState(SkorchLoadInitState):
+    """skorch's :class:`skorch.callbacks.LoadInitState` for exact resume.
+
+    At the start of the first ``fit``, if the checkpoint exists, it loads
+    every file of it (parameters, optimizer, criterion, history, loss
+    scaler, RNG states) after checking them all; a checkpoint that a killed
+    process left half-written is completed or ignored as a whole first.
+    It sets the best scores of the scoring callbacks from the loaded
+    history, so that ``*_best`` flags continue as without interruption.
+    When the first epoch begins, after every callback has started (skorch's
+    ``LRScheduler`` rebuilds its scheduler in ``on_train_begin``), it
+    restores the saved scheduler states and the optimizers' learning rates.
+
+    A missing checkpoint (first run) loads nothing. A checkpoint without
+    the scaler, RNG or scheduler file (written by skorch or an older
+    ampnet) loads with an :class:`.AmpWarning`; any other missing or invalid
+    file raises, and the net is left unchanged.
+
+    Parameters
+    ----------
+    checkpoint : :class:`Checkpoint` or :class:`TrainEndCheckpoint`
+      Checkpoint to get the file names from.
+
+    use_safetensors : bool (default=False)
+      Whether the checkpoint was saved with safetensors.
+    """
+
+    def initialize(self) -> "LoadInitState":
+        super().initialize()
+        self.pending_ = None
+        return self
+
+    def on_train_begin(self, net: Any, X: Any = None, y: Any = None, **kwargs: Any) -> None:
+        if self.did_load_:
+            return
+        self.did_load_ = True
+        checkpoint = resolve_checkpoint(self.checkpoint)
+        files = checkpoint_files(checkpoint, net)
+        if not any(
+            not is_path(v) or os.path.exists(v)
+            for k, v in files.items()
+            if v is not None and k != "f_pickle"
+        ):
+            return  # nothing saved yet: a first run
+        schedulers = None
+        target = files.get("f_lr_schedulers")
+        if target is not None and (not is_path(target) or os.path.exists(target)):
+            # read and checked before anything loads; restored once the
+            # schedulers exist (on_epoch_begin)
+            schedulers = read_lr_scheduler_states(target, f"f_lr_schedulers file {target!r}")
+            checkpoint = copy.copy(checkpoint)
+            checkpoint.f_lr_schedulers = None
+        net.load_params(checkpoint=checkpoint, use_safetensors=self.use_safetensors)
+        _restore_best_scores(net)
+        groups = {
+            name: [
+                {k: v for k, v in group.items() if k != "params"}
+                for group in getattr(net, name + "_").param_groups
+            ]
+            for name in net._optimizers
+        }
+        self.pending_ = (groups, schedulers)
+
+    def on_epoch_begin(self, net: Any, **kwargs: Any) -> None:
+        if self.pending_ is None:
+            return
+        groups, schedulers = self.pending_
+        self.pending_ = None
+        # a scheduler built in on_train_begin may have changed the loaded
+        # learning rates (torch steps a scheduler once when it is built)
+        for name, saved in groups.items():
+            for group, values in zip(getattr(net, name + "_").param_groups, saved):
+                group.update(values)
+        if schedulers is not None:
+            notes = restore_lr_schedulers(net, schedulers)
+            if notes:
+                warnings.warn(
+                    "Learning-rate schedulers not restored: " + "; ".join(notes) + ".",
+                    AmpWarning,
+                    stacklevel=2,
+                )
+
+
+def _epoch_schedulers_after(net: Any, checkpoint: Any) -> list[str]:
+    """Names of epoch-stepping LRScheduler callbacks placed after ``checkpoint``."""
+    names, seen = [], False
+    for name, cb in net.callbacks_:
+        if cb is checkpoint:
+            seen = True
+        elif seen and isinstance(cb, LRScheduler) and cb.step_every == "epoch":
+            names.append(name)
+    return names
+
+
+def _restore_best_scores(net: Any) -> None:
+    """Set ``best_score_`` of scoring callbacks from the loaded history
+    (skorch's PassthroughScoring never does, and EpochScoring did it before
+    the history was loaded)."""
+    for _, cb in net.callbacks_:
+        if not (hasattr(cb, "best_score_") and hasattr(cb, "lower_is_better")):
+            continue
+        name = getattr(cb, "name_", None) or getattr(cb, "name", None)
+        if not isinstance(name, str):
+            continue
+        for row in reversed(net.history):
+            if row.get(f"{name}_best") is True and name in row:
+                cb.best_score_ = row[name]
+                break

@@ -1,0 +1,1 @@
+"""Saving and loading: atomic group writes, RNG and scheduler state, file checks."""

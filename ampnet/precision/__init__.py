@@ -1,0 +1,1 @@
+"""Precision: policy, per-module plan, regions, master weights, loss scaler and report."""
