@@ -1,127 +1,64 @@
 """``AmpNet`` and its classifier/regressor variants: skorch nets with mixed
-precision as a hyper-parameter."""
+precision as a hyper-parameter.
+
+One mixin, :class:`AmpNetMixin`, is put in front of skorch's classes. It
+keeps the parameters, builds three components at ``initialize()`` and
+overrides each skorch method it needs once, delegating to them:
+
+- ``precision_`` (:class:`ampnet.precision.component.Precision`): every
+  dtype decision, loss scaling and the module's precision layout;
+- ``parallel_`` (:class:`ampnet.parallel.Parallel`): data-parallel training;
+- ``amp_step_state_`` (:class:`ampnet.step.StepState`): the training step's
+  bookkeeping; the step itself is :func:`ampnet.step.train_step`.
+
+Saving and loading live in :class:`ampnet.io.persistence.PersistenceMixin`.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import copy
-import difflib
-import inspect
 import warnings
-from numbers import Integral
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from skorch import NeuralNet
 from skorch.classifier import NeuralNetBinaryClassifier, NeuralNetClassifier
+from skorch.dataset import unpack_data
 from skorch.regressor import NeuralNetRegressor
 from skorch.utils import to_tensor
 
-from ampnet.parallel import DistributedMixin
+from ampnet import step as steps
+from ampnet._docs import amp_doc
+from ampnet._tree import iter_tensors
 from ampnet.exceptions import AmpWarning
 from ampnet.io.persistence import PersistenceMixin
-from ampnet.precision.policy import PrecisionPolicy, _describe, resolve_precision
-from ampnet.precision_control import PrecisionControlMixin
-from ampnet.precision.scaler import LIVE_SETTINGS, GradScaler, validate_scaler_settings
-from ampnet.step import StepState, TrainingStepMixin
-from ampnet._tree import cast_floating, may_use_closure, needs_closure
+from ampnet.parallel import Parallel, build_parallel
+from ampnet.precision.component import Precision, build_scaler
+from ampnet.precision.plan import PrecisionLayout
+from ampnet.precision.policy import PrecisionPolicy, parse_amp_dtype
+from ampnet.precision.scaler import LIVE_SETTINGS, GradScaler
+from ampnet.precision.settings import PRECISION_PARAMS, read_settings
 
 __all__ = ["AmpNetMixin", "AmpNet", "AmpNetClassifier", "AmpNetRegressor", "AmpNetBinaryClassifier"]
 
-#: Parameters of the training step, checked again when set on a fitted net.
-STEP_PARAMS = frozenset({"gradient_accumulation_steps", "amp_max_consecutive_skips", "amp_skip_nonfinite"})
+#: Parameters whose change rebuilds the module's precision layout.
+LAYOUT_PARAMS = frozenset({
+    "amp_enabled", "amp_dtype", "amp_level", "amp_master_weights", "amp_fp32_modules", "amp_modules",
+    "memory_format",
+})
 
-#: Parameters whose change re-resolves the precision policy and the scaler.
-PRECISION_PARAMS = ("amp_enabled", "amp_dtype", "amp_level", "device", "grad_scaler")
-
-_TORCH_LIVE_SETTERS = {
-    "growth_factor": "set_growth_factor",
-    "backoff_factor": "set_backoff_factor",
-    "growth_interval": "set_growth_interval",
-}
-
-AMP_DOC = """
-    amp_enabled : bool (default=False)
-      Train and predict with automatic mixed precision. With False the net
-      trains as the skorch net it replaces, bitwise, except that a step
-      with non-finite gradients is skipped (see ``amp_skip_nonfinite``).
-
-    amp_dtype : str or torch.dtype (default='auto')
-      The low-precision dtype: ``'float16'`` (``'fp16'``, ``'half'``),
-      ``'bfloat16'`` (``'bf16'``), ``torch.float16``, ``torch.bfloat16``, or
-      ``'auto'``: bfloat16 on CPUs and on CUDA GPUs of compute capability
-      8.0+, float16 on older GPUs and on MPS. float16 uses loss scaling;
-      bfloat16 does not.
-
-    amp_level : str (default='mixed')
-      ``'mixed'``: autocast over float32 weights. ``'pure'``: float32
-      parameters are stored and computed in the low-precision dtype, except
-      those of normalization layers (BatchNorm, LayerNorm, GroupNorm,
-      InstanceNorm, RMSNorm) and of ``amp_fp32_modules``; the forward still
-      runs under autocast. float16 keeps loss scaling.
-
-    amp_master_weights : bool (default=True)
-      With ``'pure'``: the optimizer updates float32 master copies
-      (``amp_master_params_``) and the low-precision weights are refreshed
-      from them after each step; gradients are accumulated in float32.
-      False (bfloat16 only): the optimizer updates the low-precision
-      weights directly.
-
-    amp_fp32_modules : selector or list of selectors (default=None)
-      Modules that always compute in float32 (inputs cast up, autocast off
-      inside, float32 weights in ``'pure'``). A selector is a module class,
-      a glob pattern on the qualified module name (``'head'``,
-      ``'blocks.*.attn'``) or a compiled regex matching the whole name.
-
-    amp_modules : None, selector or list of selectors (default=None)
-      None: the whole model runs in low precision. Otherwise only the
-      selected modules do; the rest of the model and the loss run in
-      float32. ``amp_fp32_modules`` wins where both select a module.
-
-    memory_format : str (default='preserve')
-      ``'channels_last'``: 4-D parameters, buffers and floating inputs use
-      ``torch.channels_last`` strides.
-
-    grad_scaler : class or instance (default=ampnet.GradScaler)
-      The loss scaler; its settings are set with ``grad_scaler__*``
-      parameters (``init_scale``, ``growth_factor``, ``backoff_factor``,
-      ``growth_interval``, ``min_scale``, ``max_scale``, ``hysteresis``,
-      ``dynamic``, ``enabled``). It is enabled for float16 only, unless
-      ``grad_scaler__enabled`` says otherwise.
-
-    gradient_accumulation_steps : int (default=1)
-      Micro-batches whose gradients are summed before one optimizer step.
-      Each micro-batch loss is divided by this number, so that the step
-      matches one large batch.
-
-    amp_max_consecutive_skips : int or None (default=50)
-      Raise :class:`ampnet.exceptions.AmpDivergenceError` after this many
-      skipped optimizer steps in a row, instead of skipping forever. None
-      turns the check off.
-
-    amp_skip_nonfinite : bool (default=True)
-      Without loss scaling (bfloat16, or AMP off), skip and record an
-      optimizer step whose gradients hold NaN or inf instead of writing
-      them into the weights. Not applied on skorch's closure path: to
-      optimizers that require a closure (LBFGS) and, without loss scaling,
-      to optimizers outside ``torch.optim`` whose ``step`` takes an optional
-      closure (an AmpWarning says so).
-
-    distributed : 'auto' or bool (default='auto')
-      Data-parallel training with ``torch.distributed``: with an
-      initialized process group (``'auto'``) or ``True``, the training
-      forward pass runs through ``DistributedDataParallel``, training and
-      validation data are split with a ``DistributedSampler``, losses and
-      validation predictions are reduced so that every rank has the same
-      history, and only rank 0 prints and writes checkpoints.
-"""
+#: Parameters whose change rebuilds the loss scaler (besides non-live ``grad_scaler__*``).
+SCALER_PARAMS = frozenset({"amp_enabled", "amp_dtype", "amp_level", "device", "grad_scaler"})
 
 
-class AmpNetMixin(PersistenceMixin, PrecisionControlMixin, DistributedMixin, TrainingStepMixin):
+class AmpNetMixin(PersistenceMixin):
     """Mixed precision for any skorch net; mix it in before the skorch class.
 
     Adds the parameters described in :class:`AmpNet` and the fitted
-    attributes ``precision_policy_``, ``grad_scaler_`` and
-    ``amp_step_state_``.
+    attributes ``precision_`` (with its read-only views
+    ``precision_policy_``, ``grad_scaler_``, ``amp_layout_`` and
+    ``amp_master_params_``), ``parallel_`` and ``amp_step_state_``.
     """
 
     prefixes_ = NeuralNet.prefixes_ + ["grad_scaler"]
@@ -157,236 +94,202 @@ class AmpNetMixin(PersistenceMixin, PrecisionControlMixin, DistributedMixin, Tra
         self.distributed = distributed
         super().__init__(*args, **kwargs)
 
+    # ---- read-only views of the precision component ---------------------
+
+    @property
+    def precision_policy_(self) -> PrecisionPolicy:
+        """The resolved precision policy (read-only)."""
+        return self._component("precision_").policy
+
+    @property
+    def grad_scaler_(self) -> GradScaler:
+        """The loss scaler (disabled when no loss scaling is used)."""
+        return self._component("precision_").scaler
+
+    @property
+    def amp_layout_(self) -> PrecisionLayout | None:
+        """The module's precision layout (None for nets without ``module_``)."""
+        return self._component("precision_").layout
+
+    @property
+    def amp_master_params_(self) -> dict[str, torch.nn.Parameter] | None:
+        """``'pure'`` with master weights: the float32 master parameters by name."""
+        return self._component("precision_").masters
+
+    def _component(self, name: str) -> Any:
+        try:
+            return self.__dict__[name]
+        except KeyError:
+            raise AttributeError(
+                f"{type(self).__name__} has no {name!r} yet: call initialize() or fit() first."
+            ) from None
+
     # ---- initialization -------------------------------------------------
 
-    def _check_amp_params(self) -> None:
-        msgs = []
-        steps = self.gradient_accumulation_steps
-        if not (isinstance(steps, Integral) and not isinstance(steps, bool) and steps >= 1):
-            msgs.append(
-                f"gradient_accumulation_steps must be an int >= 1; got {_describe(steps)}."
-            )
-        limit = self.amp_max_consecutive_skips
-        if limit is not None and not (
-            isinstance(limit, Integral) and not isinstance(limit, bool) and limit >= 1
-        ):
-            msgs.append(
-                f"amp_max_consecutive_skips must be None or an int >= 1; got {_describe(limit)}."
-            )
-        if not isinstance(self.amp_skip_nonfinite, bool):
-            msgs.append(
-                f"amp_skip_nonfinite must be True or False; got {_describe(self.amp_skip_nonfinite)}."
-            )
-        scaler = self.grad_scaler
-        if not (
-            isinstance(scaler, torch.amp.GradScaler)
-            or (isinstance(scaler, type) and issubclass(scaler, torch.amp.GradScaler))
-        ):
-            msgs.append(
-                "grad_scaler must be a torch.amp.GradScaler subclass or instance, such as "
-                f"ampnet.GradScaler; got {_describe(scaler)}."
-            )
-        if msgs:
-            raise ValueError("\n".join(msgs))
-
-    def initialize_precision(self) -> "AmpNetMixin":
-        """Resolve ``precision_policy_`` from ``amp_enabled``,
-        ``amp_dtype`` and ``device``."""
-        self._check_amp_params()
-        self.precision_policy_: PrecisionPolicy = resolve_precision(
-            self.amp_enabled, self.amp_dtype, self.device, self.amp_level
-        )
-        return self
-
-    def _scaler_kwargs(self) -> dict[str, Any]:
-        kwargs = self.get_params_for("grad_scaler")
-        cls = self.grad_scaler if isinstance(self.grad_scaler, type) else type(self.grad_scaler)
-        valid = _init_param_names(cls, exclude=("self", "device"))
-        unknown = sorted(set(kwargs) - set(valid))
-        if unknown:
-            hints = []
-            for key in unknown:
-                close = difflib.get_close_matches(key, valid, n=1)
-                hints.append(f"grad_scaler__{key}" + (f" (did you mean grad_scaler__{close[0]}?)" if close else ""))
-            raise ValueError(
-                f"Unknown loss-scaler parameter(s): {', '.join(hints)}. Valid parameters of "
-                f"{cls.__name__} are: {', '.join('grad_scaler__' + v for v in valid)}."
-            )
-        defaults = {
-            name: p.default for name, p in inspect.signature(cls).parameters.items()
-            if name in ("init_scale", "min_scale", "max_scale") and p.default is not p.empty
-        }
-        validate_scaler_settings(**{**defaults, **{k: v for k, v in kwargs.items() if k != "enabled"}})
-        if "enabled" in kwargs:
-            validate_scaler_settings(enabled=kwargs["enabled"])
-        return kwargs
-
-    def initialize_grad_scaler(self) -> "AmpNetMixin":
-        """Build ``grad_scaler_``: enabled for float16 (unless
-        ``grad_scaler__enabled`` says otherwise), disabled but present
-        otherwise."""
-        policy = self.precision_policy_
-        kwargs = self._scaler_kwargs()
-        forced = kwargs.pop("enabled", None)
-        if forced and not policy.enabled:
-            raise ValueError(
-                "grad_scaler__enabled=True needs amp_enabled=True: loss scaling protects "
-                "low-precision gradients and does nothing for float32 training. Fix: set "
-                "amp_enabled=True, or drop grad_scaler__enabled."
-            )
-        enabled = policy.uses_scaler if forced is None else forced
-        scaler = self.grad_scaler
-        if isinstance(scaler, torch.amp.GradScaler):
-            if scaler.is_enabled() and not policy.uses_scaler and forced is None:
-                raise ValueError(
-                    f"An enabled grad_scaler instance was passed, but {policy.name} "
-                    "training uses no loss scaling (bfloat16 has the range of float32). "
-                    "Fix: pass grad_scaler=ampnet.GradScaler (the class), or force scaling "
-                    "with grad_scaler__enabled=True."
-                )
-            if kwargs or forced is not None:
-                scaler = type(scaler)(device=policy.device_type, enabled=enabled, **kwargs)
-            else:
-                # the instance is a hyper-parameter: fit must not change it, and
-                # clones must not share a training state
-                scaler = copy.deepcopy(scaler)
-        else:
-            scaler = scaler(device=policy.device_type, enabled=enabled, **kwargs)
-        if policy.uses_scaler and not scaler.is_enabled():
-            warnings.warn(
-                "float16 training without loss scaling (grad_scaler__enabled=False): "
-                "small gradients underflow to zero in float16.",
-                AmpWarning,
-                stacklevel=2,
-            )
-        self.grad_scaler_ = scaler
-        return self
-
-    def _initialize_grad_scaler(
-        self, reason: str | None = None, reinit: bool | None = None
-    ) -> "AmpNetMixin":
-        with self._current_init_context("grad_scaler"):
-            kwargs = {"grad_scaler__" + k: v for k, v in self.get_params_for("grad_scaler").items()}
-            reinit = self.initialized_ if reinit is None else reinit
-            if reinit and self.verbose and (reason or kwargs):
-                print(reason or self._format_reinit_msg("grad_scaler", kwargs))
-            self.initialize_grad_scaler()
-            return self
-
-    def _check_optimizers(self) -> None:
-        """Choose skorch's closure path or ampnet's step, or refuse.
-
-        Optimizers that require a closure (LBFGS) take skorch's closure path,
-        which loss scaling and gradient accumulation cannot share. Without
-        loss scaling, custom optimizers (outside ``torch.optim``) whose step
-        takes an optional closure keep skorch's path too, so that they get
-        the closure as in skorch.
-        """
-        optimizers = {
-            n: getattr(self, n + "_", None) for n in self._optimizers
-            if getattr(self, n + "_", None) is not None
-        }
-        closure = [n for n, opt in optimizers.items() if needs_closure(opt)]
-        if not closure:
-            optional = [n for n, opt in optimizers.items() if may_use_closure(opt)]
-            self.amp_closure_mode_ = bool(
-                optional and not self.grad_scaler_.is_enabled() and self.gradient_accumulation_steps == 1
-            )
-            if self.amp_closure_mode_ and self.amp_skip_nonfinite:
-                names = ", ".join(f"{n} ({type(optimizers[n]).__name__})" for n in optional)
-                warnings.warn(
-                    f"Optimizer {names} takes an optional closure, so ampnet steps it through "
-                    "skorch's closure path, as skorch does: the non-finite guard "
-                    "(amp_skip_nonfinite), step_skipped records and LR-scheduler holding do not "
-                    "apply to it. Set amp_skip_nonfinite=False to accept this, or use an "
-                    "optimizer from torch.optim.",
-                    AmpWarning,
-                    stacklevel=3,
-                )
-            return
-        self.amp_closure_mode_ = True
-        names = ", ".join(f"{n} ({type(optimizers[n]).__name__})" for n in closure)
-        if self.grad_scaler_.is_enabled():
-            raise ValueError(
-                f"Optimizer {names} needs a closure, which cannot be combined with float16 "
-                "loss scaling: every closure evaluation would see scaled gradients and "
-                "only the first would be checked for overflow. Fix: use "
-                "amp_dtype='bfloat16' (no loss scaling), amp_enabled=False, or a "
-                "first-order optimizer such as torch.optim.Adam."
-            )
-        if self.gradient_accumulation_steps > 1:
-            raise ValueError(
-                f"Optimizer {names} needs a closure, which cannot be combined with "
-                f"gradient_accumulation_steps={self.gradient_accumulation_steps}. Fix: "
-                "set gradient_accumulation_steps=1."
-            )
+    def _precision_params(self, **changes: Any) -> dict[str, Any]:
+        params = {name: getattr(self, name) for name in PRECISION_PARAMS + steps.STEP_PARAMS}
+        params.update({"grad_scaler__" + k: v for k, v in self.get_params_for("grad_scaler").items()})
+        params.update(changes)
+        return params
 
     def initialize(self) -> "AmpNetMixin":
-        """Initialize all components, the precision policy and the scaler."""
+        """Check every AMP setting, then initialize skorch's components and
+        the precision, step and data-parallel components. A failure leaves
+        ``initialized_`` False."""
+        params = self._precision_params()
+        settings = read_settings(params)
+        steps.check_step_params(params)
         was_initialized = self.initialized_
-        with self._current_init_context("precision"):
-            self.initialize_precision()
-        super().initialize()
-        self._initialize_grad_scaler(reinit=was_initialized)
-        self._check_optimizers()
-        self.amp_step_state_ = StepState()
-        with self._current_init_context("distributed"):
-            self.initialize_distributed()
+        try:
+            with self._current_init_context("grad_scaler"):
+                kwargs = {"grad_scaler__" + k: v for k, v in self.get_params_for("grad_scaler").items()}
+                if was_initialized and self.verbose and kwargs:
+                    print(self._format_reinit_msg("grad_scaler", kwargs))
+                self.__dict__["precision_"] = Precision.build(settings)
+            if "precision_" not in self.cuda_dependent_attributes_:
+                # pickled together with optimizer_, so that the masters stay
+                # the optimizer's parameters
+                self.cuda_dependent_attributes_ = [*self.cuda_dependent_attributes_, "precision_"]
+            self.__dict__.pop("amp_step_state_", None)
+            super().initialize()
+            self.amp_step_state_ = steps.StepState(closure=self._uses_closure())
+            with self._current_init_context("parallel"):
+                self.parallel_ = build_parallel(self, self.amp_step_state_.closure)
+        except BaseException:
+            self.initialized_ = False
+            raise
+        return self
+
+    def initialize_grad_scaler(self) -> "AmpNetMixin":
+        """Build a new ``grad_scaler_`` from ``grad_scaler`` and the
+        ``grad_scaler__*`` parameters (the scale restarts at ``init_scale``)."""
+        settings = read_settings(self._precision_params())
+        self.precision_.scaler = build_scaler(settings)
+        self.amp_step_state_.scale = None
+        self.amp_step_state_.closure = self._uses_closure()
+        return self
+
+    def _uses_closure(self) -> bool:
+        prec = self.precision_
+        return steps.uses_closure(
+            self, prec.scaling, prec.settings.skip_nonfinite, self.gradient_accumulation_steps
+        )
+
+    def _initialize_module(self, reason: str | None = None) -> "AmpNetMixin":
+        prec = self.__dict__.get("precision_")
+        module = self.__dict__.get("module_")
+        if prec is not None and isinstance(module, torch.nn.Module):
+            prec.detach(module)  # an instance module is reused by skorch
+        super()._initialize_module(reason=reason)
+        if prec is None:
+            # skorch's _initialize_module() called on its own
+            prec = self.__dict__["precision_"] = Precision.build(read_settings(self._precision_params()))
+        module = self.__dict__.get("module_")
+        if isinstance(module, torch.nn.Module):
+            prec.attach(module, trimmed=getattr(self, "_trimmed_for_prediction", False))
+        elif (self.amp_level != "mixed" or self.amp_fp32_modules is not None
+              or self.amp_modules is not None or self.memory_format != "preserve"):
+            # skorch allows nets without a ``module_`` (custom module names):
+            # autocast applies as usual; per-module control has no module to act on
+            raise ValueError(
+                "amp_level, amp_fp32_modules, amp_modules and memory_format act on "
+                "the net's 'module_', which this net does not have. Fix: keep their "
+                "defaults, or name the main module 'module_'."
+            )
         return self
 
     def _initialize_optimizer(self, reason: str | None = None) -> "AmpNetMixin":
         super()._initialize_optimizer(reason=reason)
-        if getattr(self, "grad_scaler_", None) is not None:
-            self._check_optimizers()
+        state = self.__dict__.get("amp_step_state_")
+        if state is not None:
+            state.closure = self._uses_closure()
         return self
 
     # ---- parameters -----------------------------------------------------
 
     def set_params(self, **kwargs: Any) -> "AmpNetMixin":
-        """Set parameters; ``grad_scaler__growth_factor``,
-        ``backoff_factor``, ``growth_interval``, ``min_scale``, ``max_scale``
-        and ``hysteresis`` change the live scaler; other scaler settings and
-        the precision parameters rebuild it with a message."""
+        """Set parameters, all or nothing.
+
+        On a fitted net every AMP value is checked before anything changes;
+        ``grad_scaler__growth_factor``, ``backoff_factor``,
+        ``growth_interval``, ``min_scale``, ``max_scale`` and
+        ``hysteresis`` change the live scaler; other scaler settings and the
+        precision parameters rebuild it (and the module's precision layout,
+        keeping the trained weights) with skorch's re-init message. If
+        anything fails, the net is left as it was.
+        """
         # grad_scaler and grad_scaler__* are ampnet's to handle: skorch would
         # treat the "grad_scaler" prefix as a module and refuse it
         own = {k: v for k, v in kwargs.items() if k == "grad_scaler" or k.startswith("grad_scaler__")}
         others = {k: v for k, v in kwargs.items() if k not in own}
-        if others:
-            super().set_params(**others)
-        for key, val in own.items():
-            setattr(self, key, val)
         if not self.initialized_:
+            super().set_params(**others)
+            self.__dict__.update(own)
             return self
-        scaler_kw = {k: v for k, v in own.items() if k != "grad_scaler"}
-        changed = sorted(k for k in {**others, **own} if k in PRECISION_PARAMS)
-        if changed:
-            self._check_amp_params()
-            self.initialize_precision()
-            reason = self._format_reinit_msg("grad_scaler", dict.fromkeys(changed + sorted(scaler_kw)))
-            self._initialize_grad_scaler(reason=reason)
-            self._check_optimizers()
-        elif scaler_kw:
-            self._set_scaler_params(scaler_kw)
-        if STEP_PARAMS & set(others):
-            self._check_amp_params()
-            self._check_optimizers()
+        params = self._precision_params(**kwargs)
+        settings = read_settings(params)  # raises before anything changes
+        steps.check_step_params(params)
+        saved = dict(self.__dict__)
+        try:
+            if others:
+                super().set_params(**others)
+            self.__dict__.update(own)
+            self._apply_precision(settings, sorted(kwargs))
+        except BaseException:
+            self.__dict__.clear()
+            self.__dict__.update(saved)
+            raise
         return self
 
-    def _set_scaler_params(self, scaler_kw: dict[str, Any]) -> None:
-        names = {k.split("__", 1)[1]: v for k, v in scaler_kw.items()}
-        scaler = self.grad_scaler_
-        if isinstance(scaler, GradScaler) and set(names) <= set(LIVE_SETTINGS):
-            self._scaler_kwargs()  # validates the merged settings with their names
-            scaler.set_settings(**names)
-        elif set(names) <= set(_TORCH_LIVE_SETTERS) and scaler.is_enabled():
-            self._scaler_kwargs()
-            for name, value in names.items():
-                getattr(scaler, _TORCH_LIVE_SETTERS[name])(value)
+    def _apply_precision(self, settings: Any, changed: list[str]) -> None:
+        """Bring ``precision_`` in line with ``settings`` after ``changed``
+        parameters were set on an initialized net."""
+        prec = self.precision_
+        scaler_kw = {k.split("__", 1)[1] for k in changed if k.startswith("grad_scaler__")}
+        rebuild_scaler = bool(SCALER_PARAMS.intersection(changed)) or not scaler_kw <= set(LIVE_SETTINGS)
+        relayout = bool(LAYOUT_PARAMS.intersection(changed))
+        scaler = prec.scaler
+        if rebuild_scaler:
+            reasons = sorted(k for k in changed if k in SCALER_PARAMS or k.startswith("grad_scaler"))
+            if self.verbose:
+                print(self._format_reinit_msg("grad_scaler", dict.fromkeys(reasons)))
+            scaler = build_scaler(settings)
+        elif scaler_kw:
+            scaler.set_settings(**{k: settings.scaler_kwargs[k] for k in scaler_kw})
+        new = Precision.build(settings, scaler)
+        if relayout and isinstance(self.__dict__.get("module_"), torch.nn.Module):
+            self._relayout(prec, new, [k for k in changed if k in LAYOUT_PARAMS])
         else:
-            self._initialize_grad_scaler(
-                reason=self._format_reinit_msg("grad_scaler", scaler_kw)
-            )
-            self._check_optimizers()
+            new.layout, new.masters = prec.layout, prec.masters
+        self.__dict__["precision_"] = new
+        self.amp_step_state_.scale = None
+        self.amp_step_state_.closure = self._uses_closure()
+
+    def _relayout(self, old: Precision, new: Precision, changed: list[str]) -> None:
+        """Re-plan the fitted module's layout, keeping the weights. The
+        optimizer is rebuilt (its state carried over where the parameters
+        line up) only when low-precision parameters are involved."""
+        module = self.module_
+        trimmed = getattr(self, "_trimmed_for_prediction", False)
+        layout = new.plan(module, old.layout)  # may refuse: nothing changed yet
+        before = old.layout.low_precision_params if old.layout is not None else ()
+        states = {} if trimmed else {n: getattr(self, n + "_").state_dict() for n in self._optimizers}
+        old.detach(module)
+        new.attach(module, trimmed=trimmed, layout=layout)
+        self.__dict__["precision_"] = new
+        if trimmed or not (before or layout.low_precision_params):
+            return  # the same float32 Parameter objects: the optimizer is still right
+        self._initialize_optimizer(reason=self._format_reinit_msg("optimizer", dict.fromkeys(changed)))
+        for name, state in states.items():
+            try:
+                getattr(self, name + "_").load_state_dict(state)
+            except ValueError as exc:
+                warnings.warn(
+                    f"The state of {name} could not be carried over after changing "
+                    f"{', '.join(changed)} ({exc}); it starts afresh.",
+                    AmpWarning,
+                    stacklevel=4,
+                )
 
     # ---- fitting --------------------------------------------------------
 
@@ -397,111 +300,306 @@ class AmpNetMixin(PersistenceMixin, PrecisionControlMixin, DistributedMixin, Tra
             warnings.warn(notice, AmpWarning, stacklevel=2)
         return super().partial_fit(X, y, classes, **fit_params)
 
-    # ---- forward, loss and outputs -------------------------------------
+    def fit_loop(self, X, y=None, epochs=None, **fit_params):
+        with self.parallel_.fitting():
+            return super().fit_loop(X, y, epochs=epochs, **fit_params)
+
+    def get_iterator(self, dataset, training=False):
+        parallel = self.__dict__.get("parallel_")
+        iterator = parallel.iterator(self, dataset, training) if parallel is not None else None
+        return iterator if iterator is not None else super().get_iterator(dataset, training=training)
+
+    def run_single_epoch(self, iterator, training, prefix, step_fn, **fit_params):
+        if training and iterator is not None and self.gradient_accumulation_steps > 1:
+            iterator = steps.flag_last(iterator, self.amp_step_state_)
+        return super().run_single_epoch(iterator, training, prefix, step_fn, **fit_params)
+
+    # ---- the training step ----------------------------------------------
+
+    def train_step(self, batch: Any, **fit_params: Any) -> dict[str, Any]:
+        """One micro-batch: see :func:`ampnet.step.train_step`."""
+        return steps.train_step(self, batch, **fit_params)
+
+    def train_step_single(self, batch: Any, **fit_params: Any) -> dict[str, Any]:
+        """Forward and loss in the precision context, then :meth:`backward`."""
+        self._set_training(True)
+        Xi, yi = unpack_data(batch)
+        y_pred = self.infer(Xi, **fit_params)
+        loss = self.get_loss(y_pred, yi, X=Xi, training=True)
+        self.backward(loss)
+        return {"loss": loss, "y_pred": y_pred}
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backpropagate ``loss``: scaled when loss scaling is active and
+        divided by ``gradient_accumulation_steps``.
+
+        Call this instead of ``loss.backward()`` in an override of
+        ``train_step_single``; an unscaled ``loss.backward()`` while loss
+        scaling is active is detected and raises :class:`.AmpStateError`.
+        """
+        if self.gradient_accumulation_steps > 1:
+            loss = loss / self.gradient_accumulation_steps
+        self.precision_.backward(loss, self.module_)
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, closure: Any = None) -> Any:
+        """Step one optimizer: the one place where ampnet steps optimizers.
+
+        Gradients are unscaled and finite when this is called; a step whose
+        gradients are not finite never reaches it. Fused optimizers receive
+        the overflow flag on the device, as from torch's scaler. ``closure``
+        is only passed for optimizers that need one (e.g. LBFGS), which
+        ampnet allows only without loss scaling.
+        """
+        prec = self.precision_
+        if closure is None:
+            with prec.step_context(optimizer):
+                return optimizer.step()
+        if not prec.masters:
+            return optimizer.step(closure)
+
+        def synced_closure():
+            # closure optimizers (LBFGS) evaluate the model between updates
+            prec.after_step(self.module_)
+            return closure()
+
+        result = optimizer.step(synced_closure)
+        prec.after_step(self.module_)
+        return result
+
+    def _step_optimizer(self, step_fn: Any) -> None:
+        # skorch's closure path (closure optimizers without loss scaling)
+        for name in self._optimizers:
+            optimizer = getattr(self, name + "_")
+            if step_fn is None:
+                self.optimizer_step(optimizer)
+            else:
+                self.optimizer_step(optimizer, closure=step_fn)
+
+    def _zero_grad_optimizer(self, set_to_none=None):
+        super()._zero_grad_optimizer(set_to_none=set_to_none)
+        self.precision_.zero_grad(self.module_)
+
+    def get_all_learnable_params(self) -> Iterator[tuple[str, torch.nn.Parameter]]:
+        """skorch's learnable parameters; in ``'pure'`` with master weights
+        the float32 masters stand in for the low-precision module parameters
+        (same names), so the optimizer and ``on_grad_computed`` callbacks
+        see float32 tensors."""
+        named = super().get_all_learnable_params()
+        prec = self.__dict__.get("precision_")
+        return prec.learnable(named, self.module_) if prec is not None else named
+
+    def validation_step(self, batch, **fit_params):
+        return self.parallel_.validation(super().validation_step(batch, **fit_params), batch)
+
+    # ---- forward, loss and outputs ---------------------------------------
 
     def infer(self, x, **fit_params):
-        """Forward pass under the precision policy's autocast.
+        """Forward pass in the precision context.
 
         Floating low-precision outputs are returned as float32, so that the
         loss, skorch's caching scorers and ``to_numpy`` see float32.
         """
-        policy = self.precision_policy_
-        if not policy.enabled:
+        prec, parallel = self.precision_, self.parallel_
+        if not prec.converts_input and parallel.ddp is None:
             return super().infer(x, **fit_params)
-        x = cast_floating(to_tensor(x, device=self.device), torch.float32, only=(torch.float64,))
-        with policy.autocast():
+        x = prec.convert_input(to_tensor(x, device=self.device))
+        with prec.forward_context(), parallel.forward_module(self):
             try:
-                return policy.convert_output(super().infer(x, **fit_params))
+                return prec.convert_output(super().infer(x, **fit_params))
             except RuntimeError as exc:
                 text = str(exc)
-                if "dtype" in text or "scalar type" in text or "type (" in text:
+                if prec.enabled and ("dtype" in text or "scalar type" in text or "type (" in text):
+                    dtypes = [str(t.dtype) for t in iter_tensors(x)]
                     raise TypeError(
-                        f"The module failed under {policy.name} autocast with an input of "
-                        f"dtype {_dtypes_of(x)}: {text}. Fix: pass float32 features "
-                        "(e.g. X.astype(numpy.float32)); integer inputs only suit layers "
+                        f"The module failed under {prec.policy.name} autocast with an input of "
+                        f"dtype {', '.join(dtypes) or type(x).__name__}: {text}. Fix: pass float32 "
+                        "features (e.g. X.astype(numpy.float32)); integer inputs only suit layers "
                         "such as nn.Embedding."
                     ) from exc
                 raise
 
     def get_loss(self, y_pred, y_true, X=None, training=False):
-        """Loss under autocast (from the float32 outputs of :meth:`infer`)."""
-        policy = self.precision_policy_
-        if not policy.enabled:
-            return super().get_loss(y_pred, y_true, X=X, training=training)
-        with policy.autocast():
+        """Loss in the precision context (from the float32 outputs of :meth:`infer`)."""
+        with self.precision_.forward_context():
             return super().get_loss(y_pred, y_true, X=X, training=training)
 
-    # ---- pickling -------------------------------------------------------
+    # ---- epochs and callbacks -------------------------------------------
+
+    def on_train_begin(self, net, X=None, y=None, **kwargs):
+        super().on_train_begin(net, X=X, y=y, **kwargs)
+        # a step interrupted between unscale_() and update() (an exception
+        # in a callback, KeyboardInterrupt) must not block the next fit
+        scaler = self.grad_scaler_
+        if scaler.is_enabled() and scaler._per_optimizer_states:
+            scaler._per_optimizer_states.clear()
+        scaler.scaled_in_step = False
+        state = self.amp_step_state_
+        state.micro_batches = 0
+        state.scale = None
+        steps.current_scale(self)  # before the first scale(): no read
+
+    def on_epoch_begin(self, net, dataset_train=None, dataset_valid=None, **kwargs):
+        super().on_epoch_begin(net, dataset_train=dataset_train, dataset_valid=dataset_valid, **kwargs)
+        state = self.amp_step_state_
+        state.micro_batches, state.epoch_skips, state.stepped_epoch = 0, 0, set()
+        self.parallel_.begin_epoch(len(self.history))
+
+    def on_epoch_end(self, net, dataset_train=None, dataset_valid=None, **kwargs):
+        super().on_epoch_end(net, dataset_train=dataset_train, dataset_valid=dataset_valid, **kwargs)
+        steps.record_epoch(self)
+
+    def notify(self, method_name: str, **cb_kwargs: Any) -> None:
+        getattr(self, method_name)(self, **cb_kwargs)
+        parallel = self.__dict__.get("parallel_")
+        held: list = []
+        if "amp_step_state_" in self.__dict__:
+            held = steps.held_callbacks(self, method_name, cb_kwargs)
+        if parallel is not None:
+            held = held + parallel.held_callbacks(self)
+            cb_kwargs = parallel.callback_kwargs(method_name, cb_kwargs)
+        for _, cb in self.callbacks_:
+            if held and any(cb is h for h in held):
+                continue
+            getattr(cb, method_name)(self, **cb_kwargs)
+        if parallel is not None:
+            parallel.after_notify(self, method_name)
+
+    # ---- pickling and trimming ---------------------------------------------
 
     def __setstate__(self, state):
         super().__setstate__(state)
-        policy = self.__dict__.get("precision_policy_")
-        if policy is not None and policy.enabled:
-            device_type = torch.device(self.device or "cpu").type
-            if device_type != policy.device_type:
-                self.precision_policy_ = resolve_precision(
-                    self.amp_enabled, self.amp_dtype, self.device, self.amp_level
-                )
+        # a net pickled on a GPU and loaded where there is none runs on the
+        # CPU: its scaler and regions follow
+        prec = self.__dict__.get("precision_")
+        if prec is not None:
+            prec.to_device_type(self.__dict__.get("module_"), torch.device(self.device or "cpu").type)
+        if "parallel_" in self.__dict__:
+            self.parallel_ = Parallel()
 
+    def trim_for_prediction(self):
+        """skorch's trim; the float32 master weights are dropped as well."""
+        super().trim_for_prediction()
+        self.precision_.drop_masters(self.module_)
 
-def _init_param_names(cls: type, exclude: tuple[str, ...] = ()) -> list[str]:
-    """Keyword parameters of ``cls(...)``, following ``**kwargs`` up the MRO."""
-    names: list[str] = []
-    for klass in cls.__mro__:
-        if "__init__" not in vars(klass):
-            continue
-        params = inspect.signature(vars(klass)["__init__"]).parameters.values()
-        for p in params:
-            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in names + list(exclude):
-                names.append(p.name)
-        if not any(p.kind == p.VAR_KEYWORD for p in params):
-            break
-    return names
+    # ---- precision tools -------------------------------------------------
 
+    def low_precision_state(self) -> contextlib.AbstractContextManager:
+        """Context manager: inside it, ``module_.state_dict()`` -- and so
+        ``save_params(f_params=...)`` and checkpoints -- hold the weights as
+        the module stores them (low precision in ``'pure'``).
 
-def _dtypes_of(x: Any) -> str:
-    if isinstance(x, torch.Tensor):
-        return str(x.dtype)
-    if isinstance(x, dict):
-        return str({k: _dtypes_of(v) for k, v in x.items()})
-    if isinstance(x, (list, tuple)):
-        return str([_dtypes_of(v) for v in x])
-    return type(x).__name__
+        Outside it, a ``'pure'`` net's module state dict holds float32
+        weights (its master copies), and ``load_state_dict`` /
+        ``load_params`` refresh the masters at full precision from either.
 
+        Examples
+        --------
+        >>> with net.low_precision_state():
+        ...     net.save_params(f_params="weights-bf16.pt")
+        """
+        return self.precision_.params_as(self.__dict__.get("module_"), "low")
 
-def _amp_doc(cls_doc: str | None) -> str:
-    doc = cls_doc or ""
-    marker = "    Attributes\n    ----------"
-    if marker in doc:
-        head, tail = doc.split(marker, 1)
-        return head.rstrip() + "\n" + AMP_DOC + "\n" + marker + tail
-    return doc + AMP_DOC
+    def convert_for_inference(self, dtype: str | torch.dtype = "auto"):
+        """Return a copy of this fitted net that predicts with low-precision
+        weights; this net is left unchanged.
+
+        The copy is the same net with ``amp_enabled=True``, ``amp_level='pure'``
+        and ``amp_dtype=dtype``: parameters are stored in ``dtype`` except
+        those of normalization layers and ``amp_fp32_modules``; ``amp_modules``
+        is respected. It pickles like any net. ``partial_fit`` continues
+        training it as ``'pure'`` (float32 masters are made from this net's
+        float32 weights); ``fit`` re-initializes and trains ``'pure'`` from
+        scratch, as skorch's ``fit`` always does. Call
+        ``trim_for_prediction()`` on the copy to drop the optimizer and the
+        masters when it only predicts.
+
+        Parameters
+        ----------
+        dtype : str or torch.dtype (default='auto')
+          ``'auto'``: this net's low-precision dtype when AMP is on, else
+          the device default of ``amp_dtype='auto'``; or any ``amp_dtype``
+          value.
+
+        Returns
+        -------
+        net
+          The converted, fitted copy.
+        """
+        self.check_is_fitted()
+        policy = self.precision_policy_
+        if isinstance(dtype, str) and dtype.strip().lower() == "auto" and policy.enabled:
+            dtype = policy.compute_dtype
+        parse_amp_dtype(dtype)
+        new = copy.deepcopy(self)
+        changes = {"amp_enabled": True, "amp_dtype": dtype, "amp_level": "pure"}
+        settings = read_settings(new._precision_params(**changes))
+        new.__dict__.update(changes)
+        verbose, new.verbose = new.verbose, 0
+        try:
+            # what set_params(amp_enabled=..., amp_dtype=..., amp_level=...) does
+            new._apply_precision(settings, sorted(changes))
+        finally:
+            new.verbose = verbose
+        return new
+
+    def precision_report(self, X: Any, y: Any = None, *, dtype: Any = None):
+        """Run one forward and backward pass on the first batch of ``X`` and
+        report, per module, the dtypes and ranges seen.
+
+        The net is left unchanged (gradients, buffers such as BatchNorm
+        statistics, the random state and train/eval modes are restored).
+
+        Parameters
+        ----------
+        X : input data
+          Anything ``fit`` accepts; only the first batch is used.
+
+        y : target data or None (default=None)
+          Without a target the backward pass uses the sum of the outputs.
+
+        dtype : str, torch.dtype or None (default=None)
+          The target low-precision dtype for the range and underflow
+          analysis; None: the net's dtype, or the device default when AMP is
+          off.
+
+        Returns
+        -------
+        report : ampnet.precision.report.PrecisionReport
+          ``str(report)`` is a text table, ``report.to_dicts()`` a list of
+          dicts, ``report.recommended_fp32_modules`` the modules it suggests
+          for ``amp_fp32_modules``.
+        """
+        from ampnet.precision.report import build_report
+
+        if not self.initialized_:
+            self.initialize()
+        return build_report(self, X, y, dtype)
 
 
 class AmpNet(AmpNetMixin, NeuralNet):
     __doc__ = (
         "skorch's :class:`skorch.NeuralNet` with automatic mixed precision.\n\n"
         "    Everything skorch's net takes, plus the parameters below.\n"
-        + _amp_doc(NeuralNet.__doc__)
+        + amp_doc(NeuralNet.__doc__)
     )
 
 
 class AmpNetClassifier(AmpNetMixin, NeuralNetClassifier):
     __doc__ = (
         "skorch's :class:`skorch.NeuralNetClassifier` with automatic mixed precision.\n\n"
-        + _amp_doc(NeuralNetClassifier.__doc__)
+        + amp_doc(NeuralNetClassifier.__doc__)
     )
 
 
 class AmpNetBinaryClassifier(AmpNetMixin, NeuralNetBinaryClassifier):
     __doc__ = (
         "skorch's :class:`skorch.NeuralNetBinaryClassifier` with automatic mixed precision.\n\n"
-        + _amp_doc(NeuralNetBinaryClassifier.__doc__)
+        + amp_doc(NeuralNetBinaryClassifier.__doc__)
     )
 
 
 class AmpNetRegressor(AmpNetMixin, NeuralNetRegressor):
     __doc__ = (
         "skorch's :class:`skorch.NeuralNetRegressor` with automatic mixed precision.\n\n"
-        + _amp_doc(NeuralNetRegressor.__doc__)
+        + amp_doc(NeuralNetRegressor.__doc__)
     )

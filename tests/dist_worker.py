@@ -80,7 +80,7 @@ if world > 1:
         reductions.append(1)
         return default_hooks.allreduce_hook(None, bucket)
 
-    net.dist_state_.ddp.register_comm_hook(None, counting_hook)
+    net.parallel_.ddp.register_comm_hook(None, counting_hook)
 start_params = {k: v.detach().clone() for k, v in net.module_.state_dict().items()}
 net.partial_fit(X, y)
 
@@ -94,7 +94,7 @@ torch.save(
         "scale": net.grad_scaler_.get_scale(),
         "reductions": len(reductions),
         "start_params": start_params,
-        "ddp": net.dist_state_.ddp is not None,
+        "ddp": net.parallel_.ddp is not None,
         "param_dtypes": sorted({str(p.dtype) for p in net.module_.parameters()}),
     },
     f"{outdir}/{precision}_rank{rank}_world{world}.pt",

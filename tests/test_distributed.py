@@ -139,7 +139,7 @@ def test_nccl_with_cpu_device_is_an_error(monkeypatch):
 
 def test_auto_is_off_without_process_group():
     net = AmpNetClassifier(MLP).initialize()
-    assert net.dist_state_.ddp is None and net.dist_state_.world_size == 1
+    assert net.parallel_.ddp is None and net.parallel_.world_size == 1
 
 
 def _fake_gloo(monkeypatch):

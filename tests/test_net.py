@@ -517,4 +517,4 @@ def test_custom_optional_closure_optimizer_gets_the_closure_like_skorch(classifi
     assert params_equal(ref, net)
     # with loss scaling the closure cannot be passed: ampnet's own step is used
     fp16 = AmpNetClassifier(**{**kw, "amp_enabled": True, "amp_dtype": "fp16"}).initialize()
-    assert not fp16.amp_closure_mode_
+    assert not fp16.amp_step_state_.closure

@@ -564,7 +564,8 @@ def test_net_pickled_on_cuda_loads_and_predicts_on_cpu(fitted, data, monkeypatch
     torch.cuda.is_available() is False when it is loaded."""
     on_cuda = copy.deepcopy(fitted)
     on_cuda.device = "cuda"
-    on_cuda.precision_policy_ = dataclasses.replace(on_cuda.precision_policy_, device_type="cuda")
+    prec = on_cuda.precision_
+    prec.settings = dataclasses.replace(prec.settings, policy=dataclasses.replace(prec.policy, device_type="cuda"))
     on_cuda.grad_scaler_._device = "cuda"
     data_bytes = pickle.dumps(on_cuda)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

@@ -30,6 +30,7 @@ off               ValueError (3)      no-op (4)           no-op (4)
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import warnings
@@ -188,7 +189,12 @@ class PersistenceMixin:
             if self.verbose:
                 print("Nothing to save")
             return
-        with self._amp_params_as(params_dtype):  # float32 weights unless 'low'
+        precision = self.__dict__.get("precision_")
+        as_dtype = (
+            precision.params_as(self.__dict__.get("module_"), params_dtype)
+            if precision is not None else contextlib.nullcontext()
+        )
+        with as_dtype:  # float32 weights unless 'low'
             writers = {
                 target: self._writer(key, target, use_safetensors) for key, target in files.items()
             }
@@ -494,14 +500,3 @@ class PersistenceMixin:
                 warnings.warn(message, AmpWarning, stacklevel=4)
 
         return apply
-
-    # ---- pickling -------------------------------------------------------
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        super().__setstate__(state)  # type: ignore[misc]
-        # skorch maps a CUDA net to the CPU when CUDA is missing; keep the
-        # loss scaler on the device type the net now uses
-        scaler = self.__dict__.get("grad_scaler_")
-        device_type = torch.device(self.device or "cpu").type
-        if isinstance(scaler, GradScaler) and scaler._device != device_type:
-            scaler.to_device_type(device_type)

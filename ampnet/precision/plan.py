@@ -84,11 +84,14 @@ def plan_layout(
     amp_fp32_modules: Any,
     amp_modules: Any,
     memory_format: str = "preserve",
+    float32_names: tuple[str, ...] = (),
 ) -> PrecisionLayout:
     """Resolve the selectors on ``root`` and plan its precision layout.
 
     Selectors are validated (TypeError) and matched (AmpWarning for a
-    selector that matches nothing) even when AMP is off.
+    selector that matches nothing) even when AMP is off. ``float32_names``
+    are parameters stored in low precision now that count as float32 (the
+    module still carries an earlier layout).
     """
     fp32_sel = parse_selectors(amp_fp32_modules, "amp_fp32_modules")
     amp_sel = parse_selectors(amp_modules, "amp_modules")
@@ -102,6 +105,7 @@ def plan_layout(
 
     low: list[str] = []
     if policy.level == "pure":
+        stored_low = {id(p) for n, p in root.named_parameters() if n in float32_names}
         keep_fp32: set[int] = set()
         candidates: list[torch.nn.Parameter] = []
         for name, module in root.named_modules():
@@ -110,7 +114,7 @@ def plan_layout(
             if not in_low or is_inside(name, fp32_roots) or isinstance(module, NORM_LAYERS):
                 keep_fp32.update(id(p) for p in own)
             else:
-                candidates.extend(p for p in own if p.dtype == torch.float32)
+                candidates.extend(p for p in own if p.dtype == torch.float32 or id(p) in stored_low)
         chosen = {id(p) for p in candidates} - keep_fp32
         low = [n for n, p in root.named_parameters() if id(p) in chosen]
     return PrecisionLayout(

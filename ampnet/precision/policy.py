@@ -14,6 +14,7 @@ import platform
 from dataclasses import dataclass, field
 from typing import Any, ContextManager
 
+import numpy as np
 import torch
 
 from ampnet._tree import cast_floating
@@ -24,6 +25,9 @@ __all__ = [
     "parse_amp_dtype",
     "cpu_has_native_bf16",
     "DTYPE_ALIASES",
+    "check_bool",
+    "describe",
+    "dtype_name",
     "AMP_LEVELS",
 ]
 
@@ -47,8 +51,14 @@ _VALID_DTYPES_TEXT = (
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
-def _describe(value: Any) -> str:
+def describe(value: Any) -> str:
+    """``repr(value) (type name)``, as error messages show a received value."""
     return f"{value!r} ({type(value).__name__})"
+
+
+def dtype_name(dtype: torch.dtype | None) -> str:
+    """``'bfloat16'`` for ``torch.bfloat16``; ``'-'`` for None."""
+    return "-" if dtype is None else str(dtype).replace("torch.", "")
 
 
 def cpu_has_native_bf16() -> bool:
@@ -84,7 +94,7 @@ def parse_amp_dtype(amp_dtype: Any) -> torch.dtype | None:
         if amp_dtype in _LOW_PRECISION:
             return amp_dtype
         raise ValueError(
-            f"amp_dtype must be one of {_VALID_DTYPES_TEXT}; got {_describe(amp_dtype)}. "
+            f"amp_dtype must be one of {_VALID_DTYPES_TEXT}; got {describe(amp_dtype)}. "
             "Mixed precision computes in a 16-bit float type; to train in "
             f"{amp_dtype} set amp_enabled=False instead."
         )
@@ -99,11 +109,11 @@ def parse_amp_dtype(amp_dtype: Any) -> torch.dtype | None:
         if key in ("float32", "fp32", "float", "float64", "double"):
             fix = " To train in full precision, set amp_enabled=False instead."
         raise ValueError(
-            f"amp_dtype must be one of {_VALID_DTYPES_TEXT}; got {_describe(amp_dtype)}.{fix}"
+            f"amp_dtype must be one of {_VALID_DTYPES_TEXT}; got {describe(amp_dtype)}.{fix}"
         )
     raise TypeError(
         f"amp_dtype must be a str or a torch.dtype, one of {_VALID_DTYPES_TEXT}; "
-        f"got {_describe(amp_dtype)}."
+        f"got {describe(amp_dtype)}."
     )
 
 
@@ -115,7 +125,7 @@ def _parse_device(device: Any) -> torch.device:
     except (RuntimeError, TypeError) as exc:
         raise ValueError(
             f"device must be a torch device such as 'cpu', 'cuda', 'cuda:1' or 'mps'; "
-            f"got {_describe(device)}. Fix: pass device='cuda' for the GPU or device='cpu'."
+            f"got {describe(device)}. Fix: pass device='cuda' for the GPU or device='cpu'."
         ) from exc
 
 
@@ -158,7 +168,7 @@ class PrecisionPolicy:
         """Short readable name: ``'float32'``, ``'bfloat16 (mixed)'``, ..."""
         if not self.enabled:
             return "float32"
-        return f"{str(self.compute_dtype).replace('torch.', '')} ({self.level})"
+        return f"{dtype_name(self.compute_dtype)} ({self.level})"
 
     def autocast(self) -> ContextManager[Any]:
         """The autocast context for the forward pass and the loss.
@@ -180,10 +190,17 @@ class PrecisionPolicy:
         return cast_floating(obj, torch.float32)
 
 
-def _check_bool(name: str, value: Any) -> bool:
-    if isinstance(value, bool) or type(value).__name__ == "bool_":
+def check_bool(name: str, value: Any) -> bool:
+    """``value`` as a bool; Python and numpy booleans are accepted.
+
+    Raises
+    ------
+    TypeError
+      For anything else, naming ``name``.
+    """
+    if isinstance(value, (bool, np.bool_)):
         return bool(value)
-    raise TypeError(f"{name} must be True or False; got {_describe(value)}.")
+    raise TypeError(f"{name} must be True or False; got {describe(value)}.")
 
 
 def resolve_precision(
@@ -209,12 +226,12 @@ def resolve_precision(
       An unknown ``amp_dtype`` or ``amp_level``, an invalid device, CUDA
       requested without CUDA, or bfloat16 on a GPU without bf16 support.
     """
-    enabled = _check_bool("amp_enabled", amp_enabled)
+    enabled = check_bool("amp_enabled", amp_enabled)
     requested = parse_amp_dtype(amp_dtype)
     if amp_level not in AMP_LEVELS:
         raise ValueError(
             f"amp_level must be one of {', '.join(map(repr, AMP_LEVELS))}; got "
-            f"{_describe(amp_level)}. 'mixed' runs autocast over float32 weights; "
+            f"{describe(amp_level)}. 'mixed' runs autocast over float32 weights; "
             "'pure' stores weights in the low-precision dtype with float32 master copies."
         )
     if not enabled:
@@ -231,7 +248,7 @@ def resolve_precision(
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(
-                f"amp_enabled=True with device={_describe(device)}, but CUDA is not "
+                f"amp_enabled=True with device={describe(device)}, but CUDA is not "
                 "available on this machine. ampnet never falls back to float32 "
                 "silently. Fix: set device='cpu' (bfloat16 autocast runs on CPU) or "
                 "run on a machine with a GPU."
@@ -241,7 +258,7 @@ def resolve_precision(
         dtype = requested or (torch.bfloat16 if bf16_ok else torch.float16)
         if dtype == torch.bfloat16 and not bf16_ok:
             raise ValueError(
-                f"amp_dtype={_describe(amp_dtype)} needs a GPU of compute capability "
+                f"amp_dtype={describe(amp_dtype)} needs a GPU of compute capability "
                 f"8.0 or newer; {torch.cuda.get_device_name(index)} has "
                 f"{torch.cuda.get_device_capability(index)}. Fix: amp_dtype='float16'."
             )
@@ -266,7 +283,7 @@ def resolve_precision(
     if not torch.amp.is_autocast_available(dev.type):
         raise ValueError(
             f"amp_enabled=True, but torch has no autocast for device type "
-            f"{dev.type!r} (device={_describe(device)}). Fix: use 'cpu' or 'cuda', or "
+            f"{dev.type!r} (device={describe(device)}). Fix: use 'cpu' or 'cuda', or "
             "set amp_enabled=False."
         )
     return PrecisionPolicy(

@@ -16,8 +16,9 @@ from typing import Any
 import torch
 
 from ampnet._tree import cast_floating
+from ampnet.precision.policy import dtype_name
 
-__all__ = ["AutocastRegion", "install_region", "remove_regions", "regions_of", "cast_floating"]
+__all__ = ["AutocastRegion", "install_region", "remove_regions", "regions_of"]
 
 
 class AutocastRegion:
@@ -81,7 +82,7 @@ class AutocastRegion:
         return state
 
     def __repr__(self) -> str:
-        kind = "float32" if self.dtype is None else str(self.dtype).replace("torch.", "")
+        kind = "float32" if self.dtype is None else dtype_name(self.dtype)
         return f"AutocastRegion({self.device_type!r}, {kind})"
 
 

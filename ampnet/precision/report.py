@@ -15,7 +15,9 @@ import torch
 from skorch.dataset import unpack_data
 
 from ampnet.precision.plan import is_inside
-from ampnet.precision.policy import parse_amp_dtype, resolve_precision
+from ampnet._tree import iter_tensors
+from ampnet.precision.component import module_root
+from ampnet.precision.policy import dtype_name
 
 __all__ = ["PrecisionReport", "ModuleReport", "build_report", "NEAR_OVERFLOW", "UNDERFLOW_FLAG"]
 
@@ -29,7 +31,7 @@ _SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "
 
 
 def _short(dtype: torch.dtype) -> str:
-    name = str(dtype).replace("torch.", "")
+    name = dtype_name(dtype)
     return _SHORT.get(name, name)
 
 
@@ -149,13 +151,7 @@ def _num(value: float) -> str:
 
 
 def _tensors(obj: Any) -> list[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        return [obj] if obj.is_floating_point() else []
-    if isinstance(obj, dict):
-        obj = list(obj.values())
-    if isinstance(obj, (list, tuple)):
-        return [t for o in obj for t in _tensors(o)]
-    return []
+    return [t for t in iter_tensors(obj) if t.is_floating_point()]
 
 
 def _max_abs(t: torch.Tensor) -> float:
@@ -196,21 +192,10 @@ class _Recorder:
                 t.register_hook(self.grad)
 
 
-def _target_dtype(net: Any, dtype: Any) -> torch.dtype:
-    if dtype is not None:
-        parsed = parse_amp_dtype(dtype)
-        if parsed is not None:
-            return parsed
-    policy = net.precision_policy_
-    if policy.enabled:
-        return policy.compute_dtype
-    return resolve_precision(True, "auto", net.device).compute_dtype
-
-
 def build_report(net: Any, X: Any, y: Any = None, dtype: Any = None) -> PrecisionReport:
     """Build the report of :meth:`precision_report` for an initialized net."""
     policy = net.precision_policy_
-    target = _target_dtype(net, dtype)
+    target = net.precision_.report_dtype(dtype)
     finfo = torch.finfo(target)
     # values at most half the smallest subnormal round to zero
     threshold = finfo.tiny * finfo.eps / 2
@@ -220,7 +205,7 @@ def build_report(net: Any, X: Any, y: Any = None, dtype: Any = None) -> Precisio
     batch = next(iter(net.get_iterator(net.get_dataset(X, y), training=False)))
     Xi, yi = unpack_data(batch)
 
-    root = net._amp_root()
+    root = module_root(net.module_)
     named = list(root.named_modules())
     rows = {n: ModuleReport(n, type(m).__name__, dtype_max=float(finfo.max)) for n, m in named}
     recorders = {n: _Recorder(rows[n], scale, threshold) for n, _ in named}
@@ -297,7 +282,7 @@ def build_report(net: Any, X: Any, y: Any = None, dtype: Any = None) -> Precisio
         rows[n].recommended = True
     return PrecisionReport(
         rows=[rows[n] for n, _ in named],
-        target_dtype=str(target).replace("torch.", ""),
+        target_dtype=dtype_name(target),
         dtype_max=float(finfo.max),
         net_precision=policy.name,
         loss_scale=scale,

@@ -279,28 +279,29 @@ class GradScaler(torch.amp.GradScaler):
 
     def found_inf(self, optimizer: torch.optim.Optimizer) -> bool:
         """Whether ``unscale_`` found inf/NaN in this optimizer's gradients
-        during the current step (False for a disabled scaler)."""
+        during the current step (False for a disabled scaler). Reads the
+        device; a training step uses :meth:`found_inf_tensor` instead."""
         if not self._enabled:
             return False
-        found = self._found_inf_per_device(optimizer)
-        return bool(sum(v.item() for v in found.values()))
+        return bool(self.found_inf_tensor(optimizer).item())
 
-    def update(self, new_scale: float | torch.Tensor | None = None) -> None:
-        """Update the scale at the end of a step, within ``[min_scale, max_scale]``.
+    def found_inf_tensor(self, optimizer: torch.optim.Optimizer) -> torch.Tensor:
+        """This optimizer's overflow flag of the current step as a float32
+        tensor on the scale's device (> 0: inf/NaN found), without a host read."""
+        found = self._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
+        if not found:
+            raise RuntimeError(
+                "GradScaler.found_inf_tensor(): unscale_(optimizer) was not called in this step."
+            )
+        values = [v.to(self._scale.device, non_blocking=True) for v in found.values()]
+        return torch.stack(values).sum() if len(values) > 1 else values[0]
 
-        On a step with an overflow in any optimizer the growth tracker is
-        reset and, once ``hysteresis`` overflows happened in a row, the
-        scale is multiplied by ``backoff_factor``. After ``growth_interval``
-        good steps in a row it is multiplied by ``growth_factor``. With
-        ``dynamic=False`` the scale never changes. ``new_scale`` sets the
-        scale by hand, as in torch.
+    def plan_update(self) -> torch.Tensor:
+        """Compute, on the device and without a host read, the scale that
+        :meth:`update` will set for this step's overflow checks; return it.
+
+        :meth:`update` commits the plan; ``update(new_scale=...)`` discards it.
         """
-        if not self._enabled:
-            return
-        self.scaled_in_step = False
-        if new_scale is not None:
-            super().update(new_scale)
-            return
         states = self._per_optimizer_states.values()
         found_infs = [v for state in states for v in state["found_inf_per_device"].values()]
         if not found_infs:
@@ -309,30 +310,84 @@ class GradScaler(torch.amp.GradScaler):
                 "unscale_(optimizer) or step(optimizer) before update()."
             )
         scale, tracker = self._check_scale_growth_tracker("update")
-        overflow = bool(sum(v.item() for v in found_infs))
-        new = scale.detach().clone()
-        if overflow:
-            tracker.fill_(0)
-            self._overflow_streak += 1
-            if self._dynamic and self._overflow_streak >= self._hysteresis:
-                new.mul_(self._backoff_factor)
-                self._overflow_streak = 0
-        else:
-            self._overflow_streak = 0
-            good = int(tracker.item()) + 1
-            if self._dynamic and good >= self._growth_interval:
-                new.mul_(self._growth_factor)
-                good = 0
-            tracker.fill_(good)
-        if not torch.isfinite(new).all():
-            new.fill_(self._max_scale)
-        new.clamp_(self._min_scale, self._max_scale)
-        super().update(float(new.item()))
+        found = torch.stack([f.to(scale.device, non_blocking=True) for f in found_infs]).sum()
+        overflow = found > 0
+        streak = self._streak_tensor()
+        dynamic = self._dynamic
+        # overflow: reset the tracker; back off once `hysteresis` overflows in a row
+        new_streak = torch.where(overflow, streak + 1, torch.zeros_like(streak))
+        backoff = overflow & (new_streak >= self._hysteresis) & dynamic
+        # no overflow: count good steps; grow after `growth_interval` of them
+        good = torch.where(overflow, torch.zeros_like(tracker), tracker + 1)
+        grow = ~overflow & (good >= self._growth_interval) & dynamic
+        new_scale = torch.where(
+            backoff, scale * self._backoff_factor, torch.where(grow, scale * self._growth_factor, scale)
+        )
+        new_scale = torch.where(
+            torch.isfinite(new_scale), new_scale, torch.full_like(new_scale, self._max_scale)
+        ).clamp_(self._min_scale, self._max_scale)
+        self._planned = (
+            new_scale,
+            torch.where(grow, torch.zeros_like(good), good),
+            torch.where(backoff, torch.zeros_like(new_streak), new_streak),
+        )
+        return new_scale
+
+    def update(self, new_scale: float | torch.Tensor | None = None) -> None:
+        """Update the scale at the end of a step, within ``[min_scale, max_scale]``,
+        on the device (no host read).
+
+        On a step with an overflow in any optimizer the growth tracker is
+        reset and, once ``hysteresis`` overflows happened in a row, the
+        scale is multiplied by ``backoff_factor``. After ``growth_interval``
+        good steps in a row it is multiplied by ``growth_factor``. With
+        ``dynamic=False`` the scale never changes. ``new_scale`` sets the
+        scale by hand, as in torch (the growth tracker and the overflow
+        streak are kept).
+        """
+        if not self._enabled:
+            return
+        self.scaled_in_step = False
+        planned, self._planned = getattr(self, "_planned", None), None
+        if new_scale is not None:
+            super().update(new_scale)
+            return
+        if planned is None:
+            self.plan_update()
+            planned, self._planned = self._planned, None
+        scale, tracker, streak = planned
+        self._scale.copy_(scale)
+        self._growth_tracker.copy_(tracker)
+        self._streak_tensor().copy_(streak)
+        self._per_optimizer_states = type(self._per_optimizer_states)(
+            self._per_optimizer_states.default_factory
+        )
+
+    def _streak_tensor(self) -> torch.Tensor:
+        """Overflows in a row, on the scale's device (created lazily, like
+        torch's growth tracker)."""
+        streak = getattr(self, "_streak", None)
+        device = self._scale.device if self._scale is not None else torch.device(self._device)
+        if streak is None or streak.device != device:
+            start = streak.item() if isinstance(streak, torch.Tensor) else self._overflow_count
+            streak = self._streak = torch.full((), int(start), dtype=torch.int32, device=device)
+        return streak
+
+    @property
+    def _overflow_streak(self) -> int:
+        """Overflows in a row so far (reads the device)."""
+        streak = getattr(self, "_streak", None)
+        return int(streak.item()) if isinstance(streak, torch.Tensor) else self._overflow_count
+
+    @_overflow_streak.setter
+    def _overflow_streak(self, value: int) -> None:
+        self._overflow_count = int(value)
+        self._streak = None
 
     def to_device_type(self, device_type: str) -> None:
         """Re-target the scaler, e.g. after a CUDA net was loaded on a CPU."""
         self._device = device_type
-        for name in ("_scale", "_growth_tracker"):
+        for name in ("_scale", "_growth_tracker", "_streak"):
             value = getattr(self, name, None)
             if isinstance(value, torch.Tensor):
                 setattr(self, name, value.to(device_type))
@@ -384,7 +439,10 @@ class GradScaler(torch.amp.GradScaler):
         if pending:
             self._per_optimizer_states = type(pending)(pending.default_factory)
         try:
-            return super().__getstate__()
+            state = super().__getstate__()
         finally:
             if pending:
                 self._per_optimizer_states = pending
+        # like torch's scale and tracker, the streak travels as a plain value
+        state.update(_overflow_count=self._overflow_streak, _streak=None, _planned=None)
+        return state

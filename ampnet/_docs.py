@@ -1,0 +1,91 @@
+"""The docstring section of the parameters that ampnet adds to skorch's nets."""
+
+from __future__ import annotations
+
+__all__ = ["AMP_DOC", "amp_doc"]
+
+AMP_DOC = """
+    amp_enabled : bool (default=False)
+      Train and predict with automatic mixed precision. With False the net
+      trains as the skorch net it replaces, bitwise, except that a step
+      with non-finite gradients is skipped (see ``amp_skip_nonfinite``).
+
+    amp_dtype : str or torch.dtype (default='auto')
+      The low-precision dtype: ``'float16'`` (``'fp16'``, ``'half'``),
+      ``'bfloat16'`` (``'bf16'``), ``torch.float16``, ``torch.bfloat16``, or
+      ``'auto'``: bfloat16 on CPUs and on CUDA GPUs of compute capability
+      8.0+, float16 on older GPUs and on MPS. float16 uses loss scaling;
+      bfloat16 does not.
+
+    amp_level : str (default='mixed')
+      ``'mixed'``: autocast over float32 weights. ``'pure'``: float32
+      parameters are stored and computed in the low-precision dtype, except
+      those of normalization layers (BatchNorm, LayerNorm, GroupNorm,
+      InstanceNorm, RMSNorm) and of ``amp_fp32_modules``; the forward still
+      runs under autocast. float16 keeps loss scaling.
+
+    amp_master_weights : bool (default=True)
+      With ``'pure'``: the optimizer updates float32 master copies
+      (``amp_master_params_``) and the low-precision weights are refreshed
+      from them after each step; gradients are accumulated in float32.
+      False (bfloat16 only): the optimizer updates the low-precision
+      weights directly.
+
+    amp_fp32_modules : selector or list of selectors (default=None)
+      Modules that always compute in float32 (inputs cast up, autocast off
+      inside, float32 weights in ``'pure'``). A selector is a module class,
+      a glob pattern on the qualified module name (``'head'``,
+      ``'blocks.*.attn'``) or a compiled regex matching the whole name.
+
+    amp_modules : None, selector or list of selectors (default=None)
+      None: the whole model runs in low precision. Otherwise only the
+      selected modules do; the rest of the model and the loss run in
+      float32. ``amp_fp32_modules`` wins where both select a module.
+
+    memory_format : str (default='preserve')
+      ``'channels_last'``: 4-D parameters, buffers and floating inputs use
+      ``torch.channels_last`` strides.
+
+    grad_scaler : class or instance (default=ampnet.GradScaler)
+      The loss scaler; its settings are set with ``grad_scaler__*``
+      parameters (``init_scale``, ``growth_factor``, ``backoff_factor``,
+      ``growth_interval``, ``min_scale``, ``max_scale``, ``hysteresis``,
+      ``dynamic``, ``enabled``). It is enabled for float16 only, unless
+      ``grad_scaler__enabled`` says otherwise.
+
+    gradient_accumulation_steps : int (default=1)
+      Micro-batches whose gradients are summed before one optimizer step.
+      Each micro-batch loss is divided by this number, so that the step
+      matches one large batch.
+
+    amp_max_consecutive_skips : int or None (default=50)
+      Raise :class:`ampnet.exceptions.AmpDivergenceError` after this many
+      skipped optimizer steps in a row, instead of skipping forever. None
+      turns the check off.
+
+    amp_skip_nonfinite : bool (default=True)
+      Without loss scaling (bfloat16, or AMP off), skip and record an
+      optimizer step whose gradients hold NaN or inf instead of writing
+      them into the weights. Not applied on skorch's closure path: to
+      optimizers that require a closure (LBFGS) and, without loss scaling,
+      to optimizers outside ``torch.optim`` whose ``step`` takes an optional
+      closure (an AmpWarning says so).
+
+    distributed : 'auto' or bool (default='auto')
+      Data-parallel training with ``torch.distributed``: with an
+      initialized process group (``'auto'``) or ``True``, the training
+      forward pass runs through ``DistributedDataParallel``, training and
+      validation data are split with a ``DistributedSampler``, losses and
+      validation predictions are reduced so that every rank has the same
+      history, and only rank 0 prints and writes checkpoints.
+"""
+
+
+def amp_doc(cls_doc: str | None) -> str:
+    """``cls_doc`` with :data:`AMP_DOC` inserted before its Attributes section."""
+    doc = cls_doc or ""
+    marker = "    Attributes\n    ----------"
+    if marker in doc:
+        head, tail = doc.split(marker, 1)
+        return head.rstrip() + "\n" + AMP_DOC + "\n" + marker + tail
+    return doc + AMP_DOC

@@ -1,0 +1,411 @@
+"""The precision component of a net: every dtype decision, in one object.
+
+:class:`Precision` is built at ``initialize()`` from the net's checked
+parameters (:class:`~ampnet.precision.settings.PrecisionSettings`) and kept
+as the fitted attribute ``precision_``. The net and its training step never
+ask which precision is active: they call the component's hooks, in the order
+of a training step (see :mod:`ampnet.step`):
+
+``attach``/``detach`` (the module's layout: low-precision storage, float32
+master copies, float32 and low-precision regions, memory format),
+``forward_context``, ``convert_input``, ``convert_output``, ``backward``,
+``gather_grads``, ``check`` (unscale once, on the device), ``decide`` (the
+one host read of a step), ``step_context`` (fused optimizers),
+``after_step`` and ``update``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator, NamedTuple, Sequence
+
+import torch
+
+from ampnet._tree import cast_floating, map_tensors
+from ampnet.precision.checks import nonfinite_grads
+from ampnet.precision.masters import (
+    find_state_hook,
+    install_state_hooks,
+    make_masters,
+    move_grads,
+    narrow,
+    remove_state_hooks,
+    sync_module,
+)
+from ampnet.precision.plan import PrecisionLayout, plan_layout
+from ampnet.precision.policy import PrecisionPolicy, parse_amp_dtype, resolve_precision
+from ampnet.precision.regions import AutocastRegion, install_region, regions_of, remove_regions
+from ampnet.precision.scaler import GradScaler
+from ampnet.precision.settings import PrecisionSettings
+
+__all__ = ["Precision", "StepDecision", "module_root"]
+
+
+class StepDecision(NamedTuple):
+    """What the one host read of a step says: which optimizers skip, and
+    the loss scale after the step (1.0 without loss scaling)."""
+
+    skipped: tuple[bool, ...]
+    scale: float
+    scale_before: float
+
+
+def module_root(module: torch.nn.Module) -> torch.nn.Module:
+    """The module that precision acts on (inside a ``torch.compile`` wrapper)."""
+    return getattr(module, "_orig_mod", module)
+
+
+def _channels_last(t: torch.Tensor) -> torch.Tensor:
+    if t.dim() == 4 and t.is_floating_point():
+        return t.contiguous(memory_format=torch.channels_last)
+    return t
+
+
+class Precision:
+    """The precision of one net (fitted attribute ``precision_``).
+
+    Parameters
+    ----------
+    settings : PrecisionSettings
+      The net's checked precision parameters.
+
+    scaler : ampnet.GradScaler
+      The loss scaler (``grad_scaler_``), disabled when no loss scaling is used.
+
+    Attributes
+    ----------
+    policy : PrecisionPolicy
+      The resolved policy (``precision_policy_``).
+
+    layout : PrecisionLayout or None
+      The module's layout once attached (``amp_layout_``).
+
+    masters : dict or None
+      Float32 master parameters by name in ``'pure'`` (``amp_master_params_``).
+    """
+
+    def __init__(self, settings: PrecisionSettings, scaler: GradScaler) -> None:
+        self.settings = settings
+        self.scaler = scaler
+        self.layout: PrecisionLayout | None = None
+        self.masters: dict[str, torch.nn.Parameter] | None = None
+        self._found: dict[int, torch.Tensor] = {}
+
+    @classmethod
+    def build(cls, settings: PrecisionSettings, scaler: GradScaler | None = None) -> "Precision":
+        """A new component; ``scaler`` (an existing one) is kept if given."""
+        return cls(settings, scaler if scaler is not None else build_scaler(settings))
+
+    @property
+    def policy(self) -> PrecisionPolicy:
+        return self.settings.policy
+
+    @property
+    def enabled(self) -> bool:
+        """Whether AMP is on."""
+        return self.settings.policy.enabled
+
+    @property
+    def scaling(self) -> bool:
+        """Whether loss scaling is active."""
+        return self.scaler.is_enabled()
+
+    @property
+    def converts_input(self) -> bool:
+        """Whether :meth:`convert_input` and the forward context do anything."""
+        return self.enabled or (self.layout is not None and self.layout.memory_format == "channels_last")
+
+    @property
+    def records(self) -> bool:
+        """Whether the history gets ``loss_scale`` and ``step_skipped`` every step."""
+        return self.enabled or self.scaling
+
+    # ---- the module --------------------------------------------------------
+
+    def plan(self, module: torch.nn.Module, current: PrecisionLayout | None = None) -> PrecisionLayout:
+        """The layout of ``module`` under these settings, without changing it
+        (``current``: the layout the module carries now, if any)."""
+        settings = self.settings
+        return plan_layout(
+            module_root(module), settings.policy, settings.fp32_modules, settings.amp_modules,
+            settings.memory_format, current.low_precision_params if current is not None else (),
+        )
+
+    def attach(self, module: torch.nn.Module, trimmed: bool = False, layout: PrecisionLayout | None = None) -> None:
+        """Apply the layout (planned now unless given) on ``module``, which
+        must be float32 without regions: memory format, float32 and
+        low-precision regions, low-precision storage and, unless
+        ``trimmed``, float32 master copies."""
+        root = module_root(module)
+        policy = self.settings.policy
+        settings = self.settings
+        layout = layout if layout is not None else self.plan(module)
+        if layout.memory_format == "channels_last":
+            for t in [*root.parameters(), *root.buffers()]:
+                if t.dim() == 4:
+                    t.data = t.data.contiguous(memory_format=torch.channels_last)
+        for name in layout.fp32_modules:
+            install_region(root.get_submodule(name), AutocastRegion(policy.device_type))
+        if layout.scoped:
+            for name in layout.amp_modules:
+                install_region(root.get_submodule(name), AutocastRegion(policy.device_type, policy.compute_dtype))
+        masters = None
+        if layout.low_precision_params:
+            if settings.master_weights and not trimmed:
+                masters = make_masters(root, layout.low_precision_params)
+            narrow(root, layout.low_precision_params, layout.dtype)
+            install_state_hooks(root, layout.low_precision_params, masters)
+        self.layout, self.masters = layout, masters
+
+    def detach(self, module: torch.nn.Module) -> None:
+        """Undo :meth:`attach`: no regions, float32 parameters (from the
+        masters where there are some), default strides."""
+        root = module_root(module)
+        remove_regions(root)
+        remove_state_hooks(root)
+        layout = self.layout
+        if layout is not None:
+            params = dict(root.named_parameters(remove_duplicate=False))
+            for name in layout.low_precision_params:
+                source = self.masters[name].data if self.masters else params[name].data
+                params[name].data = source.to(torch.float32, copy=True)
+            if layout.memory_format == "channels_last":
+                for t in [*root.parameters(), *root.buffers()]:
+                    if t.dim() == 4:
+                        t.data = t.data.contiguous()
+        self.layout, self.masters = None, None
+
+    def drop_masters(self, module: torch.nn.Module) -> None:
+        """Forget the float32 masters (prediction only, after a trim)."""
+        if self.masters and self.layout is not None:
+            root = module_root(module)
+            remove_state_hooks(root)
+            install_state_hooks(root, self.layout.low_precision_params, None)
+        self.masters = None
+
+    def learnable(self, named_params: Iterator[tuple[str, torch.nn.Parameter]], module: Any) -> Iterator:
+        """``named_params`` with the float32 masters standing in for the
+        low-precision parameters they update (same names)."""
+        if not self.masters:
+            yield from named_params
+            return
+        params = dict(module_root(module).named_parameters(remove_duplicate=False))
+        by_id = {id(params[n]): m for n, m in self.masters.items()}
+        for name, param in named_params:
+            yield name, by_id.get(id(param), param)
+
+    def to_device_type(self, module: Any, device_type: str) -> None:
+        """Re-target the scaler and the regions after the net moved device
+        type (a CUDA net loaded on a CPU)."""
+        if self.policy.enabled and self.policy.device_type != device_type:
+            self.settings = type(self.settings)(**{
+                **self.settings.__dict__,
+                "policy": resolve_precision(True, self.policy.compute_dtype, device_type, self.policy.level),
+            })
+        if self.scaler._device != device_type:
+            self.scaler.to_device_type(device_type)
+        if isinstance(module, torch.nn.Module):
+            for region in regions_of(module_root(module)).values():
+                region.device_type = device_type
+
+    @contextlib.contextmanager
+    def params_as(self, module: Any, params_dtype: Any = "float32") -> Iterator[None]:
+        """Inside, ``module.state_dict()`` holds float32 weights
+        (``'float32'``) or the weights as stored (``'low'``)."""
+        low = self.layout.dtype if self.layout is not None else None
+        if params_dtype in ("float32", torch.float32):
+            wide = True
+        elif params_dtype == "low" or (low is not None and _as_dtype(params_dtype) == low):
+            wide = False
+        else:
+            raise ValueError(
+                "params_dtype must be 'float32' (float32 weights, from the master copies "
+                "in amp_level='pure') or 'low' (the weights as the module stores them"
+                f"{', ' + str(low).replace('torch.', '') if low else ''}); got "
+                f"{params_dtype!r} ({type(params_dtype).__name__})."
+            )
+        hook = find_state_hook(module_root(module)) if isinstance(module, torch.nn.Module) else None
+        if hook is None or wide:
+            yield
+            return
+        hook.low = True
+        try:
+            yield
+        finally:
+            hook.low = False
+
+    def report_dtype(self, requested: Any = None) -> torch.dtype:
+        """The low-precision dtype a precision report analyses: ``requested``,
+        else the net's, else the device's ``'auto'`` choice."""
+        if requested is not None:
+            parsed = parse_amp_dtype(requested)
+            if parsed is not None:
+                return parsed
+        if self.enabled:
+            return self.policy.compute_dtype
+        return resolve_precision(True, "auto", self.policy.device_type).compute_dtype
+
+    # ---- forward and loss --------------------------------------------------
+
+    def forward_context(self) -> contextlib.AbstractContextManager:
+        """Autocast for the forward pass and the loss (off for the rest of
+        the model when only ``amp_modules`` run in low precision)."""
+        if not self.enabled:
+            return contextlib.nullcontext()
+        if self.layout is not None and self.layout.scoped:
+            return torch.autocast(self.policy.device_type, enabled=False)
+        return torch.autocast(self.policy.device_type, dtype=self.policy.compute_dtype)
+
+    def convert_input(self, x: Any) -> Any:
+        """float64 features to float32 under AMP; 4-D inputs to channels_last."""
+        if self.enabled:
+            x = cast_floating(x, torch.float32, only=(torch.float64,))
+        if self.layout is not None and self.layout.memory_format == "channels_last":
+            x = map_tensors(x, _channels_last)
+        return x
+
+    def convert_output(self, y: Any) -> Any:
+        """Low-precision floating outputs to float32."""
+        return cast_floating(y, torch.float32) if self.enabled else y
+
+    # ---- backward and the step ---------------------------------------------
+
+    def backward(self, loss: torch.Tensor, module: Any) -> None:
+        """Backward of the (scaled) loss; gradients land where the optimizer
+        reads them (the float32 masters in ``'pure'``)."""
+        if self.scaler.is_enabled():
+            loss = self.scaler.scale(loss)
+        loss.backward()
+        self.gather_grads(module)
+
+    def gather_grads(self, module: Any) -> None:
+        """Move low-precision gradients into the float32 masters (accumulating)."""
+        if self.masters:
+            move_grads(module_root(module), self.masters)
+
+    def zero_grad(self, module: Any) -> None:
+        """Clear the gradients of the low-precision parameters that masters stand in for."""
+        if self.masters:
+            params = dict(module_root(module).named_parameters(remove_duplicate=False))
+            for name in self.masters:
+                params[name].grad = None
+
+    def check(self, optimizers: Sequence[tuple[torch.optim.Optimizer, list]]) -> list[torch.Tensor] | None:
+        """Unscale each optimizer's gradients once and flag non-finite ones,
+        on the device. Returns one flag tensor per optimizer, or None when
+        nothing is checked (no loss scaling and ``amp_skip_nonfinite=False``)."""
+        self._found = {}
+        if self.scaler.is_enabled():
+            flags = []
+            for optimizer, _ in optimizers:
+                self.scaler.unscale_(optimizer)
+                flag = self.scaler.found_inf_tensor(optimizer)
+                self._found[id(optimizer)] = flag
+                flags.append(flag)
+            return flags
+        if not self.settings.skip_nonfinite:
+            return None
+        device = next((p.grad.device for _, params in optimizers for p in params), None)
+        return [nonfinite_grads(params, device) for _, params in optimizers]
+
+    def decide(self, flags: list[torch.Tensor] | None, count: int) -> StepDecision:
+        """The one host read of a step: the flags of ``count`` optimizers and,
+        with loss scaling, the scale before and after this step's update
+        (planned on the device). No read when nothing was checked."""
+        scaler = self.scaler
+        if not scaler.is_enabled():
+            if flags is None or not flags:
+                return StepDecision((False,) * count, 1.0, 1.0)
+            values = torch.stack([f.reshape(()) for f in flags]).tolist()
+            return StepDecision(tuple(v > 0 for v in values), 1.0, 1.0)
+        before = scaler._scale.reshape(())
+        after = scaler.plan_update()
+        values = torch.stack([*(f.reshape(()) for f in flags), before, after.reshape(())]).tolist()
+        return StepDecision(tuple(v > 0 for v in values[:-2]), values[-1], values[-2])
+
+    def step_context(self, optimizer: torch.optim.Optimizer) -> contextlib.AbstractContextManager:
+        """Around ``optimizer.step()``: fused optimizers receive the overflow
+        flag on the device (``found_inf``), as torch's own scaler passes it."""
+        found = self._found.get(id(optimizer))
+        if found is None or not getattr(optimizer, "_step_supports_amp_scaling", False):
+            return contextlib.nullcontext()
+        return _fused_flags(optimizer, found)
+
+    def after_step(self, module: Any) -> None:
+        """Refresh the low-precision weights from the masters."""
+        if self.masters:
+            sync_module(module_root(module), self.masters)
+
+    def update(self, keep_scale: bool, scale_before: float) -> None:
+        """The one scaler update of a step (on the device); ``keep_scale``
+        (bad data, not an overflow) keeps the scale as it was."""
+        if self.scaler.is_enabled():
+            if keep_scale:
+                self.scaler.update(new_scale=scale_before)
+            else:
+                self.scaler.update()
+        self._found = {}
+
+    # ---- state -------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """The component's training state: the loss scaler's."""
+        return {"grad_scaler": self.scaler.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.scaler.load_state_dict(state["grad_scaler"])
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_found"] = {}
+        return state
+
+    def __repr__(self) -> str:
+        return f"<Precision: {self.policy.name}, loss scaling {'on' if self.scaling else 'off'}>"
+
+
+@contextlib.contextmanager
+def _fused_flags(optimizer: torch.optim.Optimizer, found: torch.Tensor) -> Iterator[None]:
+    optimizer.grad_scale = None  # already unscaled
+    optimizer.found_inf = found
+    try:
+        yield
+    finally:
+        del optimizer.grad_scale, optimizer.found_inf
+
+
+def build_scaler(settings: PrecisionSettings) -> GradScaler:
+    """The loss scaler that ``settings`` ask for, on the policy's device type."""
+    import copy
+    import warnings
+
+    from ampnet.exceptions import AmpWarning
+
+    policy, scaler, kwargs = settings.policy, settings.scaler, dict(settings.scaler_kwargs)
+    enabled = settings.uses_scaler
+    if isinstance(scaler, torch.amp.GradScaler):
+        if kwargs or settings.scaler_enabled is not None or scaler._device != policy.device_type:
+            scaler = type(scaler)(**{
+                **scaler.get_settings(), **kwargs, "device": policy.device_type, "enabled": enabled,
+            })
+        else:
+            # the instance is a hyper-parameter: fit must not change it, and
+            # clones must not share a training state
+            scaler = copy.deepcopy(scaler)
+    else:
+        scaler = scaler(device=policy.device_type, enabled=enabled, **kwargs)
+    if policy.uses_scaler and not scaler.is_enabled():
+        warnings.warn(
+            "float16 training without loss scaling (grad_scaler__enabled=False): "
+            "small gradients underflow to zero in float16.",
+            AmpWarning,
+            stacklevel=4,
+        )
+    return scaler
+
+
+def _as_dtype(value: Any) -> torch.dtype | None:
+    try:
+        return parse_amp_dtype(value)
+    except (TypeError, ValueError):
+        return None

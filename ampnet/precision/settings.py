@@ -1,0 +1,199 @@
+"""Read and check a net's precision parameters, before anything is built.
+
+:func:`read_settings` turns the parameters of a net (a plain mapping, as
+``get_params()`` gives it) into a frozen :class:`PrecisionSettings`, raising
+on the first invalid value with the parameter, the value, the valid choices
+and a fix. It touches no net, module or scaler, so that ``initialize`` and
+``set_params`` can check everything before they change anything.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import torch
+
+from ampnet.precision.policy import PrecisionPolicy, check_bool, describe, resolve_precision
+from ampnet.precision.scaler import GradScaler, validate_scaler_settings
+from ampnet.precision.selectors import parse_selectors
+
+__all__ = ["PrecisionSettings", "read_settings", "PRECISION_PARAMS", "MEMORY_FORMATS"]
+
+#: Net parameters that the precision component is built from.
+PRECISION_PARAMS = (
+    "amp_enabled",
+    "amp_dtype",
+    "amp_level",
+    "amp_master_weights",
+    "amp_fp32_modules",
+    "amp_modules",
+    "memory_format",
+    "amp_skip_nonfinite",
+    "grad_scaler",
+    "device",
+)
+
+#: Accepted values of ``memory_format``.
+MEMORY_FORMATS = ("preserve", "channels_last")
+
+
+@dataclass(frozen=True)
+class PrecisionSettings:
+    """A net's precision parameters, checked.
+
+    ``scaler_kwargs`` are the ``grad_scaler__*`` settings other than
+    ``enabled``; ``scaler_enabled`` is that one (None: float16 decides).
+    """
+
+    policy: PrecisionPolicy
+    master_weights: bool = True
+    fp32_modules: Any = None
+    amp_modules: Any = None
+    memory_format: str = "preserve"
+    skip_nonfinite: bool = True
+    scaler: Any = GradScaler
+    scaler_kwargs: dict = field(default_factory=dict)
+    scaler_enabled: bool | None = None
+
+    @property
+    def uses_scaler(self) -> bool:
+        """Whether the loss scaler is enabled."""
+        return self.policy.uses_scaler if self.scaler_enabled is None else self.scaler_enabled
+
+
+def read_settings(params: Mapping[str, Any]) -> PrecisionSettings:
+    """Check the precision parameters in ``params`` (a net's ``get_params()``).
+
+    Raises
+    ------
+    TypeError, ValueError
+      For the first invalid value, naming the parameter, the value, the
+      valid choices and a fix.
+    """
+    skip = params.get("amp_skip_nonfinite", True)
+    if not _is_bool(skip):
+        raise ValueError(f"amp_skip_nonfinite must be True or False; got {describe(skip)}.")
+    scaler = params.get("grad_scaler", GradScaler)
+    if not (isinstance(scaler, GradScaler) or (isinstance(scaler, type) and issubclass(scaler, GradScaler))):
+        raise ValueError(
+            "grad_scaler must be a torch.amp.GradScaler subclass or instance, such as "
+            f"ampnet.GradScaler; got {describe(scaler)}."
+            + (
+                " torch's own GradScaler reads the device on every step; ampnet's subclass "
+                "keeps the step free of host syncs. Fix: grad_scaler=ampnet.GradScaler "
+                "(the same settings are grad_scaler__init_scale=..., ...)."
+                if isinstance(scaler, torch.amp.GradScaler)
+                or (isinstance(scaler, type) and issubclass(scaler, torch.amp.GradScaler))
+                else ""
+            )
+        )
+    policy = resolve_precision(
+        params.get("amp_enabled", False),
+        params.get("amp_dtype", "auto"),
+        params.get("device", "cpu"),
+        params.get("amp_level", "mixed"),
+    )
+    masters = params.get("amp_master_weights", True)
+    if not _is_bool(masters):
+        raise TypeError(
+            f"amp_master_weights must be True or False; got {describe(masters)}. Fix: "
+            "amp_master_weights=True (float32 masters, the default) or False."
+        )
+    memory_format = params.get("memory_format", "preserve")
+    if not isinstance(memory_format, str) or memory_format not in MEMORY_FORMATS:
+        raise ValueError(
+            f"memory_format must be one of {', '.join(map(repr, MEMORY_FORMATS))}; got "
+            f"{describe(memory_format)}. Fix: memory_format='channels_last' for "
+            "convolutional models, else 'preserve'."
+        )
+    parse_selectors(params.get("amp_fp32_modules"), "amp_fp32_modules")
+    parse_selectors(params.get("amp_modules"), "amp_modules")
+    kwargs = _scaler_kwargs(scaler, params)
+    forced = kwargs.pop("enabled", None)
+    if forced is not None:
+        forced = bool(forced)
+    if forced and not policy.enabled:
+        raise ValueError(
+            "grad_scaler__enabled=True needs amp_enabled=True: loss scaling protects "
+            "low-precision gradients and does nothing for float32 training. Fix: set "
+            "amp_enabled=True, or drop grad_scaler__enabled."
+        )
+    settings = PrecisionSettings(
+        policy=policy,
+        master_weights=bool(masters),
+        fp32_modules=params.get("amp_fp32_modules"),
+        amp_modules=params.get("amp_modules"),
+        memory_format=memory_format,
+        skip_nonfinite=bool(skip),
+        scaler=scaler,
+        scaler_kwargs=kwargs,
+        scaler_enabled=forced,
+    )
+    if policy.enabled and policy.level == "pure" and not settings.master_weights and settings.uses_scaler:
+        raise ValueError(
+            "amp_level='pure' with amp_master_weights=False and float16 loss scaling: "
+            "the loss scaler cannot unscale float16 gradients in place. Fix: keep "
+            "amp_master_weights=True, or use amp_dtype='bfloat16'."
+        )
+    if isinstance(scaler, GradScaler) and scaler.is_enabled() and not policy.uses_scaler and forced is None:
+        raise ValueError(
+            f"An enabled grad_scaler instance was passed, but {policy.name} "
+            "training uses no loss scaling (bfloat16 has the range of float32). "
+            "Fix: pass grad_scaler=ampnet.GradScaler (the class), or force scaling "
+            "with grad_scaler__enabled=True."
+        )
+    return settings
+
+
+def _is_bool(value: Any) -> bool:
+    try:
+        check_bool("", value)
+    except TypeError:
+        return False
+    return True
+
+
+def _scaler_kwargs(scaler: Any, params: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``grad_scaler__*`` settings, checked against the scaler class."""
+    kwargs = {k[len("grad_scaler__"):]: v for k, v in params.items() if k.startswith("grad_scaler__")}
+    cls = scaler if isinstance(scaler, type) else type(scaler)
+    valid = init_param_names(cls, exclude=("self", "device"))
+    unknown = sorted(set(kwargs) - set(valid))
+    if unknown:
+        hints = []
+        for key in unknown:
+            close = difflib.get_close_matches(key, valid, n=1)
+            hints.append(f"grad_scaler__{key}" + (f" (did you mean grad_scaler__{close[0]}?)" if close else ""))
+        raise ValueError(
+            f"Unknown loss-scaler parameter(s): {', '.join(hints)}. Valid parameters of "
+            f"{cls.__name__} are: {', '.join('grad_scaler__' + v for v in valid)}."
+        )
+    if isinstance(scaler, GradScaler):
+        defaults = {k: v for k, v in scaler.get_settings().items() if k in ("init_scale", "min_scale", "max_scale")}
+    else:
+        defaults = {
+            name: p.default for name, p in inspect.signature(cls).parameters.items()
+            if name in ("init_scale", "min_scale", "max_scale") and p.default is not p.empty
+        }
+    validate_scaler_settings(**{**defaults, **{k: v for k, v in kwargs.items() if k != "enabled"}})
+    if "enabled" in kwargs:
+        validate_scaler_settings(enabled=kwargs["enabled"])
+    return kwargs
+
+
+def init_param_names(cls: type, exclude: tuple[str, ...] = ()) -> list[str]:
+    """Keyword parameters of ``cls(...)``, following ``**kwargs`` up the MRO."""
+    names: list[str] = []
+    for klass in cls.__mro__:
+        if "__init__" not in vars(klass):
+            continue
+        params = inspect.signature(vars(klass)["__init__"]).parameters.values()
+        for p in params:
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in names + list(exclude):
+                names.append(p.name)
+        if not any(p.kind == p.VAR_KEYWORD for p in params):
+            break
+    return names
