@@ -55,3 +55,35 @@ def params_equal(net_a, net_b):
     pa = dict(net_a.module_.named_parameters())
     pb = dict(net_b.module_.named_parameters())
     return pa.keys() == pb.keys() and all(torch.equal(pa[k], pb[k]) for k in pa)
+
+
+# ---- the device x dtype x level matrix ------------------------------------------------
+
+_HAS_CUDA = torch.cuda.is_available()
+_GPU = pytest.mark.gpu
+_NO_CUDA = pytest.mark.skipif(not _HAS_CUDA, reason="needs a CUDA device")
+
+
+def _case(device, dtype, level):
+    marks = [_GPU, _NO_CUDA] if device == "cuda" else []
+    name = f"{device}-{dtype or 'off'}-{level}"
+    kwargs = dict(device=device, amp_enabled=dtype is not None, amp_level=level)
+    if dtype is not None:
+        kwargs["amp_dtype"] = dtype
+    return pytest.param(kwargs, id=name, marks=marks)
+
+
+#: cpu and cuda x {off, bfloat16, float16} x {mixed, pure}; AMP off has no
+#: levels (amp_level only acts with AMP on), so it appears once per device.
+PRECISION_CASES = [
+    _case(device, dtype, level)
+    for device in ("cpu", "cuda")
+    for dtype in (None, "bfloat16", "float16")
+    for level in (("mixed",) if dtype is None else ("mixed", "pure"))
+]
+
+
+@pytest.fixture(params=PRECISION_CASES)
+def precision_case(request):
+    """Net keyword arguments for one device x dtype x level case."""
+    return dict(request.param)

@@ -147,7 +147,14 @@ def test_convert_output_walks_containers():
     assert isinstance(out["z"], Pair) and out["z"].a.dtype == torch.float32 and out["z"].b == "label"
 
 
-def test_policy_is_frozen():
-    policy = resolve_precision(True, "bf16", "cpu")
-    with pytest.raises(AttributeError):
-        policy.enabled = False
+def test_precision_policy_is_a_read_only_view_of_the_component(classifier_data):
+    from ampnet import AmpNetClassifier
+    from conftest import MLP
+
+    net = AmpNetClassifier(MLP, amp_enabled=True, amp_dtype="bf16", max_epochs=1, verbose=0).initialize()
+    policy = net.precision_policy_
+    with pytest.raises(AttributeError, match="precision_policy_"):
+        net.precision_policy_ = resolve_precision(False, "auto", "cpu")
+    assert net.precision_policy_ is policy is net.precision_.policy
+    assert (policy.enabled, policy.compute_dtype, policy.uses_scaler) == (True, torch.bfloat16, False)
+    assert net.grad_scaler_ is net.precision_.scaler and not net.grad_scaler_.is_enabled()

@@ -74,9 +74,18 @@ def test_pipeline_with_standard_scaler_float64(classifier_data):
 
 
 def test_cross_val_score(classifier_data):
+    from skorch import NeuralNetClassifier
+
     X, y = classifier_data
-    scores = cross_val_score(make_net(max_epochs=3), X, y, cv=2)
-    assert scores.shape == (2,) and np.all((scores >= 0) & (scores <= 1))
+    torch.manual_seed(0)
+    ours = cross_val_score(make_net(max_epochs=3, amp_enabled=False), X, y, cv=2)
+    torch.manual_seed(0)
+    theirs = cross_val_score(
+        NeuralNetClassifier(MLP, max_epochs=3, lr=0.1, verbose=0, train_split=None), X, y, cv=2
+    )
+    np.testing.assert_array_equal(ours, theirs)  # AMP off: skorch's scores, bitwise
+    amp = cross_val_score(make_net(max_epochs=20, batch_size=16), X, y, cv=2)
+    assert amp.shape == (2,) and amp.min() >= 0.8  # the task is learnable in bf16
 
 
 @pytest.mark.filterwarnings("ignore:float16 autocast on CPU:ampnet.exceptions.AmpWarning")

@@ -364,6 +364,9 @@ def test_progress_bar_works(classifier_data, capsys):
     net = AmpNetClassifier(**net_kw(amp_enabled=True, amp_dtype="bf16", callbacks=[ProgressBar()]))
     net.fit(X, y)
     assert net.history[-1, "skipped_steps"] == 0
+    err = capsys.readouterr().err
+    # 32 rows in batches of 8: the bar counts 4 batches per epoch
+    assert "| 0/4 [" in err
 
 
 # ---- fused optimizers ------------------------------------------------------------------------
