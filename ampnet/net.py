@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import difflib
 import inspect
+import os
 import warnings
 from numbers import Integral
 from typing import Any
@@ -430,6 +431,50 @@ class AmpNetMixin(PersistenceMixin, PrecisionControlMixin, DistributedMixin, Tra
             return super().get_loss(y_pred, y_true, X=X, training=training)
         with policy.autocast():
             return super().get_loss(y_pred, y_true, X=X, training=training)
+
+    # ---- export ---------------------------------------------------------
+
+    def export(
+        self,
+        path: str | os.PathLike,
+        X_example: Any,
+        format: str = "onnx",
+        dtype: str | torch.dtype | None = None,
+    ) -> str:
+        """Write the fitted net as a model that runs without ampnet or skorch
+        and returns what :meth:`predict_proba` returns (float32).
+
+        The module is exported from its float32 weights (the masters in
+        ``amp_level='pure'``), on the CPU, with a dynamic batch size; the net
+        is not changed. See :mod:`ampnet.export`.
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+          The file to write (atomically: a temporary file in the same
+          directory, renamed into place).
+
+        X_example : numpy array, torch tensor or DataFrame
+          A few rows of input, as ``predict_proba`` takes them; they fix the
+          feature shape and the input dtype (float32 for float features).
+
+        format : str (default='onnx')
+          ``'onnx'`` (needs ``pip install "ampnet[onnx]"``) or
+          ``'torch.export'`` (a ``.pt2`` file for ``torch.export.load``).
+
+        dtype : None, str or torch.dtype (default=None)
+          None: float32 weights. ``'float16'`` or ``'bfloat16'``
+          (``torch.export`` only): parameters stored and computed in that
+          dtype, except normalization layers and ``amp_fp32_modules``.
+
+        Returns
+        -------
+        path : str
+          The path written.
+        """
+        from ampnet.export import export_net
+
+        return export_net(self, path, X_example, format=format, dtype=dtype)
 
     # ---- pickling -------------------------------------------------------
 
