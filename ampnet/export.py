@@ -119,12 +119,13 @@ def _check_format(format: Any) -> str:
 
 
 def _parse_dtype(dtype: Any) -> torch.dtype | None:
-    if dtype is None or dtype is torch.float32 or (isinstance(dtype, str) and dtype.strip().lower() in ("float32", "fp32")):
+    name = dtype.strip().lower() if isinstance(dtype, str) else None
+    if dtype is None or dtype is torch.float32 or name in ("float32", "fp32"):
         return None
-    if dtype in (torch.float16, torch.bfloat16):
+    if isinstance(dtype, torch.dtype) and dtype in (torch.float16, torch.bfloat16):
         return dtype
-    if isinstance(dtype, str) and dtype.strip().lower() in DTYPE_ALIASES:
-        return DTYPE_ALIASES[dtype.strip().lower()]
+    if name in DTYPE_ALIASES:
+        return DTYPE_ALIASES[name]
     raise ValueError(
         f"dtype must be {_DTYPES_TEXT}, or torch.float16 / torch.bfloat16; got {dtype!r} "
         f"({type(dtype).__name__}). Fix: dtype=None for float32 weights, or "
@@ -192,7 +193,7 @@ def _float32_copy(net: Any) -> torch.nn.Module:
     for name in low:
         params[name].data = state[name].detach().to(torch.float32, copy=True)
     module = module.to("cpu")
-    for t in [*module.parameters(), *module.buffers()]:
+    for t in [*module.parameters(), *module.buffers()]:  # memory_format='channels_last'
         if t.dim() == 4:
             t.data = t.data.contiguous()
     return module.eval().requires_grad_(False)
@@ -346,6 +347,12 @@ def export_net(
             )
         _require_onnx()
     net.check_is_fitted()
+    if not isinstance(getattr(net, "module_", None), torch.nn.Module):
+        raise ValueError(
+            "export writes the net's 'module_', which this net does not have (its modules: "
+            f"{', '.join(m + '_' for m in net._modules) or 'none'}). Fix: name the main "
+            "module 'module_', or export it with torch.export / torch.onnx yourself."
+        )
     module_name = type(getattr(net.module_, "_orig_mod", net.module_)).__name__
     nonlinearity = net._get_predict_nonlinearity()
     module = _float32_copy(net)

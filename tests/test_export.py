@@ -121,14 +121,15 @@ def test_onnx_float16_within_1e_2_and_same_classes(trained, digits, ort, tmp_pat
 
     net, reference = trained
     X, _ = digits
-    path = net.export(tmp_path / "digits16.onnx", X[:7], dtype="float16")
+    path = net.export(tmp_path / "digits16.onnx", X[:7].astype(np.float64), dtype="float16")
     weights = {t.name: t.data_type for t in onnx.load(path).graph.initializer}
     linear = [n for n in weights if n.endswith(("body.0.weight", "head.weight"))]
     norm = [n for n in weights if n.endswith("body.1.weight")]
     assert len(linear) == 2 and len(norm) == 1
     assert {weights[n] for n in linear} == {onnx.TensorProto.FLOAT16}
     assert weights[norm[0]] == onnx.TensorProto.FLOAT  # LayerNorm stays float32
-    _, proba = _run_onnx(ort, path, X)  # float32 in, float32 out
+    session, proba = _run_onnx(ort, path, X)
+    assert [i.type for i in session.get_inputs()] == ["tensor(float)"]  # float64 example: float32 input
     assert proba.dtype == np.float32
     assert np.abs(proba - reference).max() <= 1e-2
     assert (proba.argmax(1) == reference.argmax(1)).mean() >= 0.99
@@ -196,7 +197,7 @@ def test_batch_size_is_dynamic_from_a_one_row_example(trained, digits, tmp_path)
         np.testing.assert_allclose(module(torch.from_numpy(X[:n])).numpy(), reference[:n], atol=1e-5)
 
 
-def test_exported_files_run_without_ampnet_or_skorch(trained, digits, ort, tmp_path):
+def test_exported_files_run_without_ampnet_or_skorch_and_onnx_without_torch(trained, digits, ort, tmp_path):
     net, reference = trained
     X, _ = digits
     net.export(tmp_path / "m.onnx", X[:4])
@@ -204,15 +205,19 @@ def test_exported_files_run_without_ampnet_or_skorch(trained, digits, ort, tmp_p
     np.save(tmp_path / "X.npy", X)
     script = textwrap.dedent(f"""
         import sys
-        sys.modules["ampnet"] = sys.modules["skorch"] = None  # any import of them fails
-        import numpy as np, onnxruntime, torch
+        blocked = ("ampnet", "skorch", "torch")
+        for name in blocked:
+            sys.modules[name] = None  # any import of them fails
+        import numpy as np, onnxruntime
         X = np.load({str(tmp_path / "X.npy")!r})
         session = onnxruntime.InferenceSession({str(tmp_path / "m.onnx")!r},
                                                providers=["CPUExecutionProvider"])
         np.save({str(tmp_path / "onnx.npy")!r}, session.run(None, {{"input": X}})[0])
+        del sys.modules["torch"]  # the .pt2 file needs torch, still not ampnet or skorch
+        import torch
         module = torch.export.load({str(tmp_path / "m.pt2")!r}).module()
         np.save({str(tmp_path / "pt2.npy")!r}, module(torch.from_numpy(X)).numpy())
-        assert not [m for m in sys.modules if m.startswith(("ampnet", "skorch")) and sys.modules[m]]
+        assert not [m for m in sys.modules if m.startswith(blocked[:2]) and sys.modules[m]]
     """)
     subprocess.run([sys.executable, "-c", script], check=True, cwd=tmp_path,
                    env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -281,6 +286,15 @@ def test_pure_net_exports_its_float32_masters(trained, digits, tmp_path):
     np.testing.assert_array_equal(converted.predict_proba(X), before)  # the net is unchanged
 
 
+def test_pure_net_without_masters_warns(digits, tmp_path):
+    net = _digits_net(amp_enabled=True, amp_dtype="bfloat16", amp_level="pure",
+                      amp_master_weights=False).initialize()
+    with pytest.warns(AmpWarning, match="amp_master_weights=False, or trim_for_prediction"):
+        path = net.export(tmp_path / "m.pt2", digits[0][:4], format="torch.export")
+    state = torch.export.load(path).state_dict
+    assert torch.equal(state["module.head.weight"], net.module_.head.weight.float())
+
+
 def test_trimmed_pure_net_warns_that_only_low_precision_weights_remain(trained, digits, tmp_path):
     net, _ = trained
     X, _ = digits
@@ -319,11 +333,46 @@ def test_export_formats_constant():
     assert EXPORT_FORMATS == ("onnx", "torch.export")
 
 
+def test_dev_extra_installs_the_onnx_and_dask_extras():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "pyproject.toml"), "rb") as f:
+        extras = tomllib.load(f)["project"]["optional-dependencies"]
+    assert extras["onnx"] == ["onnx", "onnxruntime", "onnxscript"]
+    assert extras["dask"] == ["dask[distributed]"]
+    assert "ampnet[onnx,dask]" in extras["dev"]
+
+
 def test_uninitialized_net(tmp_path):
     net = AmpNetClassifier(DigitsMLP)
     with pytest.raises(NotInitializedError, match="not initialized yet"):
         net.export(tmp_path / "m.pt2", np.zeros((2, 64), np.float32), format="torch.export")
     assert issubclass(NotInitializedError, ValueError)
+
+
+def test_net_without_module_(tmp_path):
+    class TwoModules(AmpNetClassifier):
+        def initialize_module(self):
+            self.encoder_ = torch.nn.Linear(64, 10)
+            return self
+
+        def infer(self, x, **fit_params):
+            return self.encoder_(x)
+
+    net = TwoModules(torch.nn.Linear, verbose=0).initialize()
+    with pytest.raises(ValueError, match=r"does not have \(its modules: encoder_\)\. Fix: name"):
+        net.export(tmp_path / "m.pt2", np.zeros((2, 64), np.float32), format="torch.export")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_export_from_a_cuda_net_runs_on_the_cpu(digits, tmp_path):
+    X, _ = digits
+    net = _digits_net(device="cuda", amp_enabled=True, amp_dtype="float16").initialize()
+    reference = copy.deepcopy(net).set_params(amp_enabled=False).predict_proba(X)
+    program = torch.export.load(net.export(tmp_path / "m.pt2", X[:4], format="torch.export"))
+    assert {t.device.type for t in program.state_dict.values()} == {"cpu"}
+    np.testing.assert_allclose(program.module()(torch.from_numpy(X)).numpy(), reference, atol=1e-4)
 
 
 def test_untraceable_module_names_it_and_keeps_the_old_file(digits, tmp_path):
