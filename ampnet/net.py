@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import os
 import warnings
 from typing import Any, Iterator
 
@@ -339,7 +340,7 @@ class AmpNetMixin(PersistenceMixin):
         """
         if self.gradient_accumulation_steps > 1:
             loss = loss / self.gradient_accumulation_steps
-        self.precision_.backward(loss, self.module_)
+        self.precision_.backward(loss, self.__dict__.get("module_"))
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, closure: Any = None) -> Any:
         """Step one optimizer: the one place where ampnet steps optimizers.
@@ -377,7 +378,7 @@ class AmpNetMixin(PersistenceMixin):
 
     def _zero_grad_optimizer(self, set_to_none=None):
         super()._zero_grad_optimizer(set_to_none=set_to_none)
-        self.precision_.zero_grad(self.module_)
+        self.precision_.zero_grad(self.__dict__.get("module_"))
 
     def get_all_learnable_params(self) -> Iterator[tuple[str, torch.nn.Parameter]]:
         """skorch's learnable parameters; in ``'pure'`` with master weights
@@ -386,7 +387,7 @@ class AmpNetMixin(PersistenceMixin):
         see float32 tensors."""
         named = super().get_all_learnable_params()
         prec = self.__dict__.get("precision_")
-        return prec.learnable(named, self.module_) if prec is not None else named
+        return prec.learnable(named, self.__dict__.get("module_")) if prec is not None else named
 
     def validation_step(self, batch, **fit_params):
         return self.parallel_.validation(super().validation_step(batch, **fit_params), batch)
@@ -464,6 +465,50 @@ class AmpNetMixin(PersistenceMixin):
         if parallel is not None:
             parallel.after_notify(self, method_name)
 
+    # ---- export ---------------------------------------------------------
+
+    def export(
+        self,
+        path: str | os.PathLike,
+        X_example: Any,
+        format: str = "onnx",
+        dtype: str | torch.dtype | None = None,
+    ) -> str:
+        """Write the fitted net as a model that runs without ampnet or skorch
+        and returns what :meth:`predict_proba` returns (float32).
+
+        The module is exported from its float32 weights (the masters in
+        ``amp_level='pure'``), on the CPU, with a dynamic batch size; the net
+        is not changed. See :mod:`ampnet.export`.
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+          The file to write (atomically: a temporary file in the same
+          directory, renamed into place).
+
+        X_example : numpy array, torch tensor or DataFrame
+          A few rows of input, as ``predict_proba`` takes them; they fix the
+          feature shape and the input dtype (float32 for float features).
+
+        format : str (default='onnx')
+          ``'onnx'`` (needs ``pip install "ampnet[onnx]"``) or
+          ``'torch.export'`` (a ``.pt2`` file for ``torch.export.load``).
+
+        dtype : None, str or torch.dtype (default=None)
+          None: float32 weights. ``'float16'`` or ``'bfloat16'``
+          (``torch.export`` only): parameters stored and computed in that
+          dtype, except normalization layers and ``amp_fp32_modules``.
+
+        Returns
+        -------
+        path : str
+          The path written.
+        """
+        from ampnet.export import export_net
+
+        return export_net(self, path, X_example, format=format, dtype=dtype)
+
     # ---- pickling and trimming ---------------------------------------------
 
     def __setstate__(self, state):
@@ -479,7 +524,7 @@ class AmpNetMixin(PersistenceMixin):
     def trim_for_prediction(self):
         """skorch's trim; the float32 master weights are dropped as well."""
         super().trim_for_prediction()
-        self.precision_.drop_masters(self.module_)
+        self.precision_.drop_masters(self.__dict__.get("module_"))
 
     # ---- precision tools -------------------------------------------------
 

@@ -101,7 +101,8 @@ def train_step(net: Any, batch: Any, **fit_params: Any) -> dict[str, Any]:
             "Fix: call self.backward(loss) (or "
             "self.grad_scaler_.scale(loss).backward()) instead."
         )
-    prec.gather_grads(net.module_)
+    module = net.__dict__.get("module_")
+    prec.gather_grads(module)
     active = _optimizers_with_grads(net)  # an optimizer without gradients is left alone
     flags = prec.check([(opt, params) for _, opt, params in active])
     if state.micro_batches < net.gradient_accumulation_steps:
@@ -126,7 +127,7 @@ def train_step(net: Any, batch: Any, **fit_params: Any) -> dict[str, Any]:
     for (_, optimizer, _), skip in zip(active, skipped):
         if not skip:
             net.optimizer_step(optimizer)
-    prec.after_step(net.module_)
+    prec.after_step(module)
 
     # 7. one scaler update, then the history; every rank skips together
     # (gradients are synchronized), so par.any runs on all ranks or none

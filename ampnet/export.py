@@ -1,0 +1,379 @@
+"""Export a fitted net for serving: an ONNX file or a ``torch.export`` program.
+
+:func:`export_net` (the net's :meth:`~ampnet.AmpNetMixin.export`) writes a
+model that runs without ampnet or skorch and returns what ``predict_proba``
+returns: the module's first output in float32, after skorch's prediction
+nonlinearity (softmax for a classifier trained with ``CrossEntropyLoss``,
+sigmoid as two columns for a binary classifier, none for a regressor).
+
+The module is copied with float32 weights (the float32 master copies of an
+``amp_level='pure'`` net), on the CPU, in eval mode; the net is not changed.
+With ``dtype='float16'`` or ``'bfloat16'`` the copy stores in that dtype the
+parameters that ``amp_level='pure'`` would (every floating parameter except
+those of normalization layers, of ``amp_fp32_modules`` and, with
+``amp_modules``, of the modules outside them), together with the floating
+buffers of their modules. Every module that owns floating parameters casts
+its floating inputs to its parameters' dtype (a forward pre-hook on the
+copy), so float32 islands compute in float32 inside a low-precision model.
+The model takes the input dtype of ``X_example`` (float32 for float
+features) and a batch dimension of any size.
+
+Both formats go through :func:`torch.export.export`; ONNX is then
+translated by ``torch.onnx.export(..., dynamo=True)``, which needs the
+``onnx`` and ``onnxscript`` packages (``pip install "ampnet[onnx]"``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import importlib.util
+import logging
+import os
+import re
+import warnings
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+from skorch.classifier import NeuralNetBinaryClassifier
+
+from ampnet.io.atomic import atomic_write_group
+from ampnet.exceptions import AmpWarning
+from ampnet._tree import cast_floating
+from ampnet.precision.component import Precision, module_root
+from ampnet.precision.masters import remove_state_hooks
+from ampnet.precision.policy import DTYPE_ALIASES, dtype_name
+from ampnet.precision.regions import remove_regions
+from ampnet.precision.settings import read_settings
+
+__all__ = ["export_net", "EXPORT_FORMATS", "PredictProbaModule"]
+
+#: Accepted values of ``format``.
+EXPORT_FORMATS = ("onnx", "torch.export")
+
+#: Names of the input and output of an exported ONNX model.
+ONNX_INPUT_NAME, ONNX_OUTPUT_NAME = "input", "output"
+
+_FLOATING = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+_DTYPES_TEXT = "None (float32), 'float16' (or 'fp16', 'half'), 'bfloat16' (or 'bf16')"
+
+
+class PredictProbaModule(torch.nn.Module):
+    """Export-only wrapper: the module's output as ``predict_proba`` gives it.
+
+    Parameters
+    ----------
+    module : torch.nn.Module
+      The module to export (a copy; it is not changed otherwise).
+
+    nonlinearity : callable
+      skorch's prediction nonlinearity of the net
+      (``net._get_predict_nonlinearity()``).
+
+    flatten : bool (default=False)
+      Reshape the output to one dimension before the nonlinearity, as
+      skorch's binary classifier does in ``infer``.
+    """
+
+    def __init__(self, module: torch.nn.Module, nonlinearity: Any, flatten: bool = False) -> None:
+        super().__init__()
+        self.module = module
+        self.nonlinearity = nonlinearity
+        self.flatten = flatten
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.module(x)
+        if isinstance(out, (tuple, list)):
+            out = out[0]
+        out = cast_floating(out, torch.float32)
+        if self.flatten:
+            out = out.reshape(-1)
+        return self.nonlinearity(out)
+
+
+class _CastInputs:
+    """Forward pre-hook (on the export copy only): cast floating inputs to
+    the module's parameter dtype."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        self.dtype = dtype
+
+    def __call__(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple:
+        return (cast_floating(args, self.dtype, only=_FLOATING),
+                cast_floating(kwargs, self.dtype, only=_FLOATING))
+
+
+# ---- argument checks -------------------------------------------------------
+
+
+def _check_format(format: Any) -> str:
+    if not (isinstance(format, str) and format in EXPORT_FORMATS):
+        raise ValueError(
+            f"format must be one of {', '.join(map(repr, EXPORT_FORMATS))}; got {format!r} "
+            f"({type(format).__name__}). Fix: format='onnx' for ONNX Runtime, TensorRT and "
+            "other ONNX runtimes, or format='torch.export' for a .pt2 file that "
+            "torch.export.load reads."
+        )
+    return format
+
+
+def _parse_dtype(dtype: Any) -> torch.dtype | None:
+    name = dtype.strip().lower() if isinstance(dtype, str) else None
+    if dtype is None or dtype is torch.float32 or name in ("float32", "fp32"):
+        return None
+    if isinstance(dtype, torch.dtype) and dtype in (torch.float16, torch.bfloat16):
+        return dtype
+    if name in DTYPE_ALIASES:
+        return DTYPE_ALIASES[name]
+    raise ValueError(
+        f"dtype must be {_DTYPES_TEXT}, or torch.float16 / torch.bfloat16; got {dtype!r} "
+        f"({type(dtype).__name__}). Fix: dtype=None for float32 weights, or "
+        "dtype='float16' to store the weights in half precision."
+    )
+
+
+def _check_path(path: Any) -> str:
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(
+            f"path must be a file name (str or os.PathLike); got {type(path).__name__}. "
+            "Fix: pass e.g. 'model.onnx' or 'model.pt2'."
+        )
+    return os.fspath(path)
+
+
+def _example_tensor(X_example: Any, dtype: torch.dtype) -> torch.Tensor:
+    """One tensor of at least 2 rows (torch.export specializes a batch of 1)."""
+    if isinstance(X_example, torch.Tensor):
+        x = X_example.detach().to("cpu")
+    elif isinstance(X_example, (dict, list, tuple)) or not hasattr(X_example, "__array__"):
+        raise TypeError(
+            "X_example must be one array (numpy array, torch tensor or pandas DataFrame) "
+            f"with the features of a few rows; got {type(X_example).__name__}. Exporting "
+            "modules that take several inputs (dicts, tuples) is not supported. Fix: pass "
+            "e.g. X[:8]."
+        )
+    else:
+        x = torch.as_tensor(np.asarray(X_example))
+    if x.dim() == 0 or x.shape[0] == 0:
+        raise ValueError(
+            f"X_example must hold at least one row; got shape {tuple(x.shape)}. Fix: pass e.g. X[:8]."
+        )
+    if x.is_floating_point():
+        x = x.to(dtype)
+    if x.shape[0] == 1:
+        x = torch.cat([x, x])
+    return x.contiguous()
+
+
+# ---- the module copy -------------------------------------------------------
+
+
+def _float32_copy(net: Any) -> torch.nn.Module:
+    """A CPU, eval-mode copy of the net's module without ampnet's hooks, its
+    low-precision parameters restored to float32 (from the masters)."""
+    root = module_root(net.module_)
+    layout = getattr(net, "amp_layout_", None)
+    low = layout.low_precision_params if layout is not None else ()
+    if low and not getattr(net, "amp_master_params_", None):
+        warnings.warn(
+            f"This net stores {len(low)} parameter(s) in "
+            f"{dtype_name(layout.dtype)} without float32 master copies "
+            "(amp_master_weights=False, or trim_for_prediction() after amp_level='pure'): "
+            "the export holds those low-precision values. Export before trimming to keep "
+            "the float32 weights.",
+            AmpWarning,
+            stacklevel=4,
+        )
+    state = root.state_dict() if low else {}  # float32 entries from the masters
+    module = copy.deepcopy(root)
+    remove_regions(module)
+    remove_state_hooks(module)
+    params = dict(module.named_parameters(remove_duplicate=False))
+    for name in low:
+        params[name].data = state[name].detach().to(torch.float32, copy=True)
+    module = module.to("cpu")
+    for t in [*module.parameters(), *module.buffers()]:  # memory_format='channels_last'
+        if t.dim() == 4:
+            t.data = t.data.contiguous()
+    return module.eval().requires_grad_(False)
+
+
+def _narrow(module: torch.nn.Module, dtype: torch.dtype, net: Any) -> None:
+    """Store in ``dtype`` what ``amp_level='pure'`` would, and make every
+    module with floating parameters cast its inputs to their dtype."""
+    settings = read_settings({
+        "amp_enabled": True, "amp_dtype": dtype, "amp_level": "pure", "device": "cpu",
+        "amp_fp32_modules": net.amp_fp32_modules, "amp_modules": net.amp_modules,
+    })
+    with warnings.catch_warnings():
+        # selectors that match nothing were reported when the net was initialized
+        warnings.simplefilter("ignore", AmpWarning)
+        plan = Precision.build(settings).plan(module)
+    by_name = dict(module.named_parameters())
+    low_ids = {id(by_name[n]) for n in plan.low_precision_params}
+    for sub in module.modules():
+        own = [p for p in sub.parameters(recurse=False) if p.is_floating_point()]
+        if not own:
+            continue
+        is_low = any(id(p) in low_ids for p in own)
+        if is_low:
+            for p in own:
+                if id(p) in low_ids and p.dtype != dtype:
+                    p.data = p.data.to(dtype)
+            for name, buf in sub.named_buffers(recurse=False):
+                if buf.is_floating_point():
+                    setattr(sub, name, buf.to(dtype))
+        target = dtype if is_low else own[0].dtype
+        sub.register_forward_pre_hook(_CastInputs(target), with_kwargs=True)
+
+
+def _first_floating_dtype(module: torch.nn.Module) -> torch.dtype:
+    for p in module.parameters():
+        if p.is_floating_point():
+            return p.dtype
+    return torch.float32
+
+
+# ---- exporters -------------------------------------------------------------
+
+
+class _DropTorchvisionNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "torchvision is not installed" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _quiet_exporter() -> Iterator[None]:
+    """Hide the ONNX exporter's notices that concern torch, not the user."""
+    logger = logging.getLogger("torch.onnx._internal.exporter._registration")
+    notice = _DropTorchvisionNotice()
+    logger.addFilter(notice)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)",
+                                    category=FutureWarning)
+            yield
+    finally:
+        logger.removeFilter(notice)
+
+
+def _root_cause(exc: BaseException) -> str:
+    """The first line of the innermost chained exception (it names the
+    operator or the line that failed)."""
+    seen = {id(exc)}
+    while exc.__cause__ is not None and id(exc.__cause__) not in seen:
+        exc = exc.__cause__
+        seen.add(id(exc))
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip()
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {lines[0] if lines else '(no message)'}"
+
+
+def _trace(wrapper: PredictProbaModule, x: torch.Tensor, module_name: str) -> Any:
+    batch = torch.export.Dim("batch")
+    try:
+        with _quiet_exporter():
+            return torch.export.export(wrapper, (x,), dynamic_shapes={"x": {0: batch}})
+    except Exception as exc:
+        raise ValueError(
+            f"torch.export could not trace {module_name} with X_example of shape "
+            f"{tuple(x.shape)} and dtype {str(x.dtype).replace('torch.', '')} ({_root_cause(exc)}). "
+            "Fix: check that predict_proba works on X_example; the forward must be traceable "
+            "by torch.export with any batch size: no Python branching on tensor values, no "
+            "numpy calls, no shapes fixed to one batch size (see the chained error above)."
+        ) from exc
+
+
+def _require_onnx() -> None:
+    missing = [m for m in ("onnx", "onnxscript") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ImportError(
+            f"format='onnx' needs the package(s) {', '.join(missing)}. Fix: "
+            'pip install "ampnet[onnx]" (onnx, onnxscript and onnxruntime), or use '
+            "format='torch.export'."
+        )
+
+
+def _to_onnx(program: Any, module_name: str) -> Any:
+    try:
+        with _quiet_exporter():
+            onnx_program = torch.onnx.export(
+                program, (), dynamo=True, verbose=False,
+                input_names=[ONNX_INPUT_NAME], output_names=[ONNX_OUTPUT_NAME],
+            )
+    except Exception as exc:
+        raise ValueError(
+            f"torch.onnx could not translate {module_name} to ONNX ({_root_cause(exc)}). "
+            "Fix: format='torch.export' keeps every torch operator; or replace the "
+            "operator named in the chained error above by one that ONNX supports."
+        ) from exc
+    graph = onnx_program.model.graph
+    rename = getattr(onnx_program, "rename_axes", None)
+    if rename is not None:  # name the dynamic batch axis "batch" (cosmetic)
+        rename({graph.inputs[0].shape[0]: "batch"})
+    return onnx_program
+
+
+# ---- public entry point ------------------------------------------------------
+
+
+def export_net(
+    net: Any,
+    path: str | os.PathLike,
+    X_example: Any,
+    format: str = "onnx",
+    dtype: str | torch.dtype | None = None,
+) -> str:
+    """Write the fitted ``net`` as a model that runs without ampnet or
+    skorch and returns what ``net.predict_proba`` returns.
+
+    See :meth:`ampnet.AmpNetMixin.export` for the parameters.
+
+    Returns
+    -------
+    path : str
+      The path written.
+    """
+    format = _check_format(format)
+    low_dtype = _parse_dtype(dtype)
+    path = _check_path(path)
+    if format == "onnx":
+        if low_dtype is torch.bfloat16:
+            raise ValueError(
+                "dtype='bfloat16' with format='onnx' is refused: ONNX Runtime's CPU provider "
+                "has no bfloat16 kernels for Gemm/MatMul, so the file could not be run or "
+                "checked here. Fix: dtype='float16' for ONNX, format='torch.export' for "
+                "bfloat16, or dtype=None and let your runtime build in bfloat16 (TensorRT's "
+                "BF16 builder flag)."
+            )
+        _require_onnx()
+    net.check_is_fitted()
+    if not isinstance(getattr(net, "module_", None), torch.nn.Module):
+        raise ValueError(
+            "export writes the net's 'module_', which this net does not have (its modules: "
+            f"{', '.join(m + '_' for m in net._modules) or 'none'}). Fix: name the main "
+            "module 'module_', or export it with torch.export / torch.onnx yourself."
+        )
+    module_name = type(getattr(net.module_, "_orig_mod", net.module_)).__name__
+    nonlinearity = net._get_predict_nonlinearity()
+    module = _float32_copy(net)
+    x = _example_tensor(X_example, _first_floating_dtype(module))
+    if low_dtype is not None:
+        _narrow(module, low_dtype, net)
+    wrapper = PredictProbaModule(
+        module, nonlinearity, flatten=isinstance(net, NeuralNetBinaryClassifier)
+    ).eval()
+    program = _trace(wrapper, x, module_name)
+    if format == "torch.export":
+        def write(target: str) -> None:
+            with open(target, "wb") as f:
+                torch.export.save(program, f)
+    else:
+        onnx_program = _to_onnx(program, module_name)
+
+        def write(target: str) -> None:
+            onnx_program.save(target, external_data=False)
+    atomic_write_group({path: write})
+    return path
