@@ -16,9 +16,6 @@ Saving and loading live in :class:`ampnet.io.persistence.PersistenceMixin`.
 
 from __future__ import annotations
 
-import contextlib
-import copy
-import os
 import warnings
 from typing import Any, Iterator
 
@@ -33,11 +30,12 @@ from ampnet import step as steps
 from ampnet._docs import amp_doc
 from ampnet._tree import iter_tensors
 from ampnet.exceptions import AmpWarning
+from ampnet.conversion import ConversionMixin
 from ampnet.io.persistence import PersistenceMixin
 from ampnet.parallel import Parallel, build_parallel
 from ampnet.precision.component import Precision, build_scaler
 from ampnet.precision.plan import PrecisionLayout
-from ampnet.precision.policy import PrecisionPolicy, parse_amp_dtype
+from ampnet.precision.policy import PrecisionPolicy
 from ampnet.precision.scaler import LIVE_SETTINGS, GradScaler
 from ampnet.precision.settings import PRECISION_PARAMS, read_settings
 
@@ -53,7 +51,7 @@ LAYOUT_PARAMS = frozenset({
 SCALER_PARAMS = frozenset({"amp_enabled", "amp_dtype", "amp_level", "device", "grad_scaler"})
 
 
-class AmpNetMixin(PersistenceMixin):
+class AmpNetMixin(PersistenceMixin, ConversionMixin):
     """Mixed precision for any skorch net; mix it in before the skorch class.
 
     Adds the parameters described in :class:`AmpNet` and the fitted
@@ -267,19 +265,14 @@ class AmpNetMixin(PersistenceMixin):
         self.amp_step_state_.closure = self._uses_closure()
 
     def _relayout(self, old: Precision, new: Precision, changed: list[str]) -> None:
-        """Re-plan the fitted module's layout, keeping the weights. The
+        """Move the fitted module to the new layout, keeping the weights; the
         optimizer is rebuilt (its state carried over where the parameters
         line up) only when low-precision parameters are involved."""
-        module = self.module_
         trimmed = getattr(self, "_trimmed_for_prediction", False)
-        layout = new.plan(module, old.layout)  # may refuse: nothing changed yet
-        before = old.layout.low_precision_params if old.layout is not None else ()
         states = {} if trimmed else {n: getattr(self, n + "_").state_dict() for n in self._optimizers}
-        old.detach(module)
-        new.attach(module, trimmed=trimmed, layout=layout)
-        self.__dict__["precision_"] = new
-        if trimmed or not (before or layout.low_precision_params):
+        if not new.take_over(old, self.module_, trimmed) or trimmed:
             return  # the same float32 Parameter objects: the optimizer is still right
+        self.__dict__["precision_"] = new
         self._initialize_optimizer(reason=self._format_reinit_msg("optimizer", dict.fromkeys(changed)))
         for name, state in states.items():
             try:
@@ -465,50 +458,6 @@ class AmpNetMixin(PersistenceMixin):
         if parallel is not None:
             parallel.after_notify(self, method_name)
 
-    # ---- export ---------------------------------------------------------
-
-    def export(
-        self,
-        path: str | os.PathLike,
-        X_example: Any,
-        format: str = "onnx",
-        dtype: str | torch.dtype | None = None,
-    ) -> str:
-        """Write the fitted net as a model that runs without ampnet or skorch
-        and returns what :meth:`predict_proba` returns (float32).
-
-        The module is exported from its float32 weights (the masters in
-        ``amp_level='pure'``), on the CPU, with a dynamic batch size; the net
-        is not changed. See :mod:`ampnet.export`.
-
-        Parameters
-        ----------
-        path : str or os.PathLike
-          The file to write (atomically: a temporary file in the same
-          directory, renamed into place).
-
-        X_example : numpy array, torch tensor or DataFrame
-          A few rows of input, as ``predict_proba`` takes them; they fix the
-          feature shape and the input dtype (float32 for float features).
-
-        format : str (default='onnx')
-          ``'onnx'`` (needs ``pip install "ampnet[onnx]"``) or
-          ``'torch.export'`` (a ``.pt2`` file for ``torch.export.load``).
-
-        dtype : None, str or torch.dtype (default=None)
-          None: float32 weights. ``'float16'`` or ``'bfloat16'``
-          (``torch.export`` only): parameters stored and computed in that
-          dtype, except normalization layers and ``amp_fp32_modules``.
-
-        Returns
-        -------
-        path : str
-          The path written.
-        """
-        from ampnet.export import export_net
-
-        return export_net(self, path, X_example, format=format, dtype=dtype)
-
     # ---- pickling and trimming ---------------------------------------------
 
     def __setstate__(self, state):
@@ -525,100 +474,6 @@ class AmpNetMixin(PersistenceMixin):
         """skorch's trim; the float32 master weights are dropped as well."""
         super().trim_for_prediction()
         self.precision_.drop_masters(self.__dict__.get("module_"))
-
-    # ---- precision tools -------------------------------------------------
-
-    def low_precision_state(self) -> contextlib.AbstractContextManager:
-        """Context manager: inside it, ``module_.state_dict()`` -- and so
-        ``save_params(f_params=...)`` and checkpoints -- hold the weights as
-        the module stores them (low precision in ``'pure'``).
-
-        Outside it, a ``'pure'`` net's module state dict holds float32
-        weights (its master copies), and ``load_state_dict`` /
-        ``load_params`` refresh the masters at full precision from either.
-
-        Examples
-        --------
-        >>> with net.low_precision_state():
-        ...     net.save_params(f_params="weights-bf16.pt")
-        """
-        return self.precision_.params_as(self.__dict__.get("module_"), "low")
-
-    def convert_for_inference(self, dtype: str | torch.dtype = "auto"):
-        """Return a copy of this fitted net that predicts with low-precision
-        weights; this net is left unchanged.
-
-        The copy is the same net with ``amp_enabled=True``, ``amp_level='pure'``
-        and ``amp_dtype=dtype``: parameters are stored in ``dtype`` except
-        those of normalization layers and ``amp_fp32_modules``; ``amp_modules``
-        is respected. It pickles like any net. ``partial_fit`` continues
-        training it as ``'pure'`` (float32 masters are made from this net's
-        float32 weights); ``fit`` re-initializes and trains ``'pure'`` from
-        scratch, as skorch's ``fit`` always does. Call
-        ``trim_for_prediction()`` on the copy to drop the optimizer and the
-        masters when it only predicts.
-
-        Parameters
-        ----------
-        dtype : str or torch.dtype (default='auto')
-          ``'auto'``: this net's low-precision dtype when AMP is on, else
-          the device default of ``amp_dtype='auto'``; or any ``amp_dtype``
-          value.
-
-        Returns
-        -------
-        net
-          The converted, fitted copy.
-        """
-        self.check_is_fitted()
-        policy = self.precision_policy_
-        if isinstance(dtype, str) and dtype.strip().lower() == "auto" and policy.enabled:
-            dtype = policy.compute_dtype
-        parse_amp_dtype(dtype)
-        new = copy.deepcopy(self)
-        changes = {"amp_enabled": True, "amp_dtype": dtype, "amp_level": "pure"}
-        settings = read_settings(new._precision_params(**changes))
-        new.__dict__.update(changes)
-        verbose, new.verbose = new.verbose, 0
-        try:
-            # what set_params(amp_enabled=..., amp_dtype=..., amp_level=...) does
-            new._apply_precision(settings, sorted(changes))
-        finally:
-            new.verbose = verbose
-        return new
-
-    def precision_report(self, X: Any, y: Any = None, *, dtype: Any = None):
-        """Run one forward and backward pass on the first batch of ``X`` and
-        report, per module, the dtypes and ranges seen.
-
-        The net is left unchanged (gradients, buffers such as BatchNorm
-        statistics, the random state and train/eval modes are restored).
-
-        Parameters
-        ----------
-        X : input data
-          Anything ``fit`` accepts; only the first batch is used.
-
-        y : target data or None (default=None)
-          Without a target the backward pass uses the sum of the outputs.
-
-        dtype : str, torch.dtype or None (default=None)
-          The target low-precision dtype for the range and underflow
-          analysis; None: the net's dtype, or the device default when AMP is
-          off.
-
-        Returns
-        -------
-        report : ampnet.precision.report.PrecisionReport
-          ``str(report)`` is a text table, ``report.to_dicts()`` a list of
-          dicts, ``report.recommended_fp32_modules`` the modules it suggests
-          for ``amp_fp32_modules``.
-        """
-        from ampnet.precision.report import build_report
-
-        if not self.initialized_:
-            self.initialize()
-        return build_report(self, X, y, dtype)
 
 
 class AmpNet(AmpNetMixin, NeuralNet):

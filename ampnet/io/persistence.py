@@ -61,7 +61,7 @@ from ampnet.io.files import (
     _state_writer,
 )
 from ampnet.io.rng import get_rng_state, set_rng_state, validate_rng_state
-from ampnet.precision.scaler import _STATE_VERSION, GradScaler, validate_scaler_state
+from ampnet.precision.scaler import _STATE_VERSION, validate_scaler_state
 from ampnet.io.schedulers import (
     dumps_lr_scheduler_states,
     read_lr_scheduler_states,

@@ -157,6 +157,18 @@ class Precision:
             install_state_hooks(root, layout.low_precision_params, masters)
         self.layout, self.masters = layout, masters
 
+    def take_over(self, old: "Precision", module: torch.nn.Module, trimmed: bool = False) -> bool:
+        """Move ``module`` from ``old``'s layout to this one, keeping the
+        weights (float32 from the masters). The new layout is planned first,
+        so a refusal changes nothing. Returns whether low-precision
+        parameters are involved before or after (the optimizer's
+        parameters changed)."""
+        layout = self.plan(module, old.layout)
+        before = old.layout.low_precision_params if old.layout is not None else ()
+        old.detach(module)
+        self.attach(module, trimmed=trimmed, layout=layout)
+        return bool(before or layout.low_precision_params)
+
     def detach(self, module: torch.nn.Module) -> None:
         """Undo :meth:`attach`: no regions, float32 parameters (from the
         masters where there are some), default strides."""

@@ -1,0 +1,155 @@
+"""What a fitted net offers beyond training: low-precision inference
+copies, the precision report, and export for serving.
+
+:class:`ConversionMixin` is mixed into :class:`ampnet.AmpNetMixin`; it only
+adds public methods (no skorch method is overridden here).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+from typing import Any
+
+import torch
+
+from ampnet.precision.policy import parse_amp_dtype
+
+__all__ = ["ConversionMixin"]
+
+
+class ConversionMixin:
+    """``low_precision_state``, ``convert_for_inference``, ``precision_report`` and ``export``."""
+
+    def low_precision_state(self) -> contextlib.AbstractContextManager:
+        """Context manager: inside it, ``module_.state_dict()`` -- and so
+        ``save_params(f_params=...)`` and checkpoints -- hold the weights as
+        the module stores them (low precision in ``'pure'``).
+
+        Outside it, a ``'pure'`` net's module state dict holds float32
+        weights (its master copies), and ``load_state_dict`` /
+        ``load_params`` refresh the masters at full precision from either.
+
+        Examples
+        --------
+        >>> with net.low_precision_state():
+        ...     net.save_params(f_params="weights-bf16.pt")
+        """
+        return self.precision_.params_as(self.__dict__.get("module_"), "low")
+
+    def convert_for_inference(self, dtype: str | torch.dtype = "auto"):
+        """Return a copy of this fitted net that predicts with low-precision
+        weights; this net is left unchanged.
+
+        The copy is the same net with ``amp_enabled=True``, ``amp_level='pure'``
+        and ``amp_dtype=dtype``: parameters are stored in ``dtype`` except
+        those of normalization layers and ``amp_fp32_modules``; ``amp_modules``
+        is respected. It pickles like any net. ``partial_fit`` continues
+        training it as ``'pure'`` (float32 masters are made from this net's
+        float32 weights); ``fit`` re-initializes and trains ``'pure'`` from
+        scratch, as skorch's ``fit`` always does. Call
+        ``trim_for_prediction()`` on the copy to drop the optimizer and the
+        masters when it only predicts.
+
+        Parameters
+        ----------
+        dtype : str or torch.dtype (default='auto')
+          ``'auto'``: this net's low-precision dtype when AMP is on, else
+          the device default of ``amp_dtype='auto'``; or any ``amp_dtype``
+          value.
+
+        Returns
+        -------
+        net
+          The converted, fitted copy.
+        """
+        self.check_is_fitted()
+        policy = self.precision_policy_
+        if isinstance(dtype, str) and dtype.strip().lower() == "auto" and policy.enabled:
+            dtype = policy.compute_dtype
+        parse_amp_dtype(dtype)
+        new = copy.deepcopy(self)
+        verbose, new.verbose = new.verbose, 0
+        try:
+            new.set_params(amp_enabled=True, amp_dtype=dtype, amp_level="pure")
+        finally:
+            new.verbose = verbose
+        return new
+
+    def precision_report(self, X: Any, y: Any = None, *, dtype: Any = None):
+        """Run one forward and backward pass on the first batch of ``X`` and
+        report, per module, the dtypes and ranges seen.
+
+        The net is left unchanged (gradients, buffers such as BatchNorm
+        statistics, the random state and train/eval modes are restored).
+
+        Parameters
+        ----------
+        X : input data
+          Anything ``fit`` accepts; only the first batch is used.
+
+        y : target data or None (default=None)
+          Without a target the backward pass uses the sum of the outputs.
+
+        dtype : str, torch.dtype or None (default=None)
+          The target low-precision dtype for the range and underflow
+          analysis; None: the net's dtype, or the device default when AMP is
+          off.
+
+        Returns
+        -------
+        report : ampnet.precision.report.PrecisionReport
+          ``str(report)`` is a text table, ``report.to_dicts()`` a list of
+          dicts, ``report.recommended_fp32_modules`` the modules it suggests
+          for ``amp_fp32_modules``.
+        """
+        from ampnet.precision.report import build_report
+
+        if not self.initialized_:
+            self.initialize()
+        return build_report(self, X, y, dtype)
+
+
+
+    def export(
+        self,
+        path: str | os.PathLike,
+        X_example: Any,
+        format: str = "onnx",
+        dtype: str | torch.dtype | None = None,
+    ) -> str:
+        """Write the fitted net as a model that runs without ampnet or skorch
+        and returns what :meth:`predict_proba` returns (float32).
+
+        The module is exported from its float32 weights (the masters in
+        ``amp_level='pure'``), on the CPU, with a dynamic batch size; the net
+        is not changed. See :mod:`ampnet.export`.
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+          The file to write (atomically: a temporary file in the same
+          directory, renamed into place).
+
+        X_example : numpy array, torch tensor or DataFrame
+          A few rows of input, as ``predict_proba`` takes them; they fix the
+          feature shape and the input dtype (float32 for float features).
+
+        format : str (default='onnx')
+          ``'onnx'`` (needs ``pip install "ampnet[onnx]"``) or
+          ``'torch.export'`` (a ``.pt2`` file for ``torch.export.load``).
+
+        dtype : None, str or torch.dtype (default=None)
+          None: float32 weights. ``'float16'`` or ``'bfloat16'``
+          (``torch.export`` only): parameters stored and computed in that
+          dtype, except normalization layers and ``amp_fp32_modules``.
+
+        Returns
+        -------
+        path : str
+          The path written.
+        """
+        from ampnet.export import export_net
+
+        return export_net(self, path, X_example, format=format, dtype=dtype)
