@@ -24,6 +24,7 @@ from ampnet.precision_control import PrecisionControlMixin
 from ampnet.scaler import LIVE_SETTINGS, GradScaler, validate_scaler_settings
 from ampnet.training import StepState, TrainingStepMixin
 from ampnet.utils import cast_floating, may_use_closure, needs_closure
+from ampnet.validation import is_bool
 
 __all__ = ["AmpNetMixin", "AmpNet", "AmpNetClassifier", "AmpNetRegressor", "AmpNetBinaryClassifier"]
 
@@ -173,7 +174,7 @@ class AmpNetMixin(PersistenceMixin, PrecisionControlMixin, DistributedMixin, Tra
             msgs.append(
                 f"amp_max_consecutive_skips must be None or an int >= 1; got {_describe(limit)}."
             )
-        if not isinstance(self.amp_skip_nonfinite, bool):
+        if not is_bool(self.amp_skip_nonfinite):
             msgs.append(
                 f"amp_skip_nonfinite must be True or False; got {_describe(self.amp_skip_nonfinite)}."
             )

@@ -17,6 +17,7 @@ from typing import Any, ContextManager
 import torch
 
 from ampnet.utils import cast_floating
+from ampnet.validation import describe, is_bool
 
 __all__ = [
     "PrecisionPolicy",
@@ -48,7 +49,7 @@ _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
 def _describe(value: Any) -> str:
-    return f"{value!r} ({type(value).__name__})"
+    return describe(value)
 
 
 def cpu_has_native_bf16() -> bool:
@@ -181,9 +182,25 @@ class PrecisionPolicy:
 
 
 def _check_bool(name: str, value: Any) -> bool:
-    if isinstance(value, bool) or type(value).__name__ == "bool_":
+    if is_bool(value):
         return bool(value)
     raise TypeError(f"{name} must be True or False; got {_describe(value)}.")
+
+
+def _check_available(dev: torch.device, device: Any) -> None:
+    """Refuse a device type that this torch build or machine lacks (MPS,
+    XLA, XPU, ...): allocating an empty tensor there is the one test that
+    every backend answers."""
+    try:
+        torch.empty(0, device=dev)
+    except Exception as exc:  # each backend fails in its own way
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(
+            f"amp_enabled=True with device={_describe(device)}, but the {dev.type!r} backend "
+            f"is not available on this machine ({reason}). ampnet never falls back to "
+            "float32 silently. Fix: set device='cpu' (bfloat16 autocast runs on CPU), or "
+            "run where that backend is installed."
+        ) from exc
 
 
 def resolve_precision(
@@ -207,7 +224,8 @@ def resolve_precision(
 
     ValueError
       An unknown ``amp_dtype`` or ``amp_level``, an invalid device, CUDA
-      requested without CUDA, or bfloat16 on a GPU without bf16 support.
+      requested without CUDA (or any other backend, such as MPS or XLA,
+      that is not available), or bfloat16 on a GPU without bf16 support.
     """
     enabled = _check_bool("amp_enabled", amp_enabled)
     requested = parse_amp_dtype(amp_dtype)
@@ -259,10 +277,9 @@ def resolve_precision(
                 "this CPU has no native bfloat16 (AVX512-BF16 or AMX): bf16 autocast "
                 "is emulated and may be slower than float32."
             )
-    elif dev.type == "mps":
-        dtype = requested or torch.float16
     else:
-        dtype = requested or torch.bfloat16
+        _check_available(dev, device)
+        dtype = requested or (torch.float16 if dev.type == "mps" else torch.bfloat16)
     if not torch.amp.is_autocast_available(dev.type):
         raise ValueError(
             f"amp_enabled=True, but torch has no autocast for device type "

@@ -33,6 +33,7 @@ from ampnet.master_weights import (
 from ampnet.precision import parse_amp_dtype
 from ampnet.regions import AutocastRegion, install_region, regions_of, remove_regions
 from ampnet.selectors import parse_selectors
+from ampnet.validation import describe, is_bool
 
 __all__ = ["PrecisionControlMixin", "MEMORY_FORMATS", "CONTROL_PARAMS"]
 
@@ -124,10 +125,10 @@ class PrecisionControlMixin:
     # ---- validation -------------------------------------------------------
 
     def _check_precision_control_params(self) -> None:
-        if not isinstance(self.amp_master_weights, bool):
+        if not is_bool(self.amp_master_weights):
             raise TypeError(
-                f"amp_master_weights must be True or False; got {self.amp_master_weights!r} "
-                f"({type(self.amp_master_weights).__name__}). Fix: amp_master_weights=True "
+                f"amp_master_weights must be True or False; got {describe(self.amp_master_weights)}"
+                ". Fix: amp_master_weights=True "
                 "(float32 masters, the default) or False."
             )
         if self.memory_format not in MEMORY_FORMATS:

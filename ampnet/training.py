@@ -19,6 +19,7 @@ from skorch.callbacks import LRScheduler
 from skorch.utils import TeeGenerator
 
 from ampnet.exceptions import AmpDivergenceError, AmpStateError, AmpWarning
+from ampnet.scaler import found_inf
 from ampnet.utils import grads_are_finite, has_nonfinite, optimizer_params_with_grad
 
 __all__ = ["TrainingStepMixin", "StepState"]
@@ -190,7 +191,7 @@ class TrainingStepMixin:
         stepped, skipped = [], []
         for name, optimizer, params in active:
             if scaling:
-                bad = scaler.found_inf(optimizer)
+                bad = found_inf(scaler, optimizer)
             elif guard:
                 bad = not grads_are_finite(params)
             else:
