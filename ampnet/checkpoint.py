@@ -247,6 +247,13 @@ class LoadInitState(SkorchLoadInitState):
             checkpoint = copy.copy(checkpoint)
             checkpoint.f_lr_schedulers = None
         net.load_params(checkpoint=checkpoint, use_safetensors=self.use_safetensors)
+        if any(isinstance(cb, LRScheduler) for _, cb in net.callbacks_):
+            # skorch rebuilds the schedulers as resumed (last_epoch >= 0), which
+            # torch allows only with 'initial_lr' in every group; a checkpoint
+            # saved without a scheduler lacks it: start from the loaded lr
+            for name in net._optimizers:
+                for group in getattr(net, name + "_").param_groups:
+                    group.setdefault("initial_lr", group["lr"])
         _restore_best_scores(net)
         groups = {
             name: [

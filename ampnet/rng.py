@@ -249,7 +249,7 @@ def _torch_problems(state: dict, problems: list[str]) -> torch.Tensor | None:
 def _cuda_problems(state: dict, problems: list[str]) -> list[tuple[int, torch.Tensor]]:
     states = []
     available = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    for key in sorted(k for k in state if _CUDA_KEY.fullmatch(k)):
+    for key in sorted(k for k in state if isinstance(k, str) and _CUDA_KEY.fullmatch(k)):
         value = state[key]
         if not _check_tensor(key, value, torch.uint8, None, problems):
             continue

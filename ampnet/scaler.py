@@ -128,8 +128,9 @@ def validate_scaler_settings(prefix: str = "grad_scaler__", **settings: Any) -> 
 
 #: Entries of a scaler state_dict, with what each must hold (settings are
 #: checked as in validate_scaler_settings).
+_INT32_MAX = 2**31 - 1
 _TRACKERS = {
-    "_growth_tracker": "an int >= 0",
+    "_growth_tracker": "an int in [0, 2**31 - 1] (torch keeps it in an int32 tensor)",
     "_overflow_streak": "an int >= 0",
 }
 _SETTINGS_IN_STATE = (
@@ -191,7 +192,8 @@ def validate_scaler_state(state: Any, source: str = "the state dict") -> None:
     settings = {k: state[k] for k in _SETTINGS_IN_STATE if k in state}
     problems += _setting_problems(settings, "'", quoted=True)
     for key, rule in _TRACKERS.items():
-        if key in state and not (_is_int(state[key]) and state[key] >= 0):
+        limit = _INT32_MAX if key == "_growth_tracker" else math.inf
+        if key in state and not (_is_int(state[key]) and 0 <= state[key] <= limit):
             problems.append(f"'{key}' = {describe(state[key])} must be {rule}")
     if "ampnet_scaler_version" in state:
         version = state["ampnet_scaler_version"]

@@ -3,12 +3,9 @@
 
 from __future__ import annotations
 
-import math
 import os
 import pickle
-import string
 from collections.abc import Mapping
-from numbers import Integral, Real
 from typing import Any, Callable
 
 import torch
@@ -16,7 +13,15 @@ from skorch.callbacks import TrainEndCheckpoint as SkorchTrainEndCheckpoint
 from skorch.history import History
 
 from ampnet.atomic import is_path, read_json, recover
-from ampnet.validation import MAX_DEPTH, describe, is_bool, type_mismatch
+from ampnet.optimizer_state import check_optimizer_state as _check_optimizer_state
+from ampnet.validation import (
+    all_finite,
+    describe,
+    dtype_kind,
+    is_int,
+    is_number,
+    tensor_problem,
+)
 
 def _describe_target(key: str, target: Any) -> str:
     if is_path(target):
@@ -26,14 +31,6 @@ def _describe_target(key: str, target: Any) -> str:
 
 def _attr_of(key: str) -> str:
     return "module_" if key in ("f_params", "f_module") else key[2:] + "_"
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, Integral) and not is_bool(value)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, Real) and not is_bool(value)
 
 
 def _read_error(source: str, exc: OSError) -> OSError:
@@ -98,7 +95,7 @@ def _read_state(target: Any, source: str, safetensors: bool, map_location: Any,
 def _history_row_problem(row: dict, previous: int) -> str | None:
     """What in one epoch row skorch or ampnet could not use later."""
     epoch = row.get("epoch", previous + 1)
-    if not (_is_int(epoch) and epoch > previous):
+    if not (is_int(epoch) and epoch > previous):
         return (
             f"'epoch' must be an int greater than the previous row's ({previous}), got "
             f"{describe(epoch)}"
@@ -108,11 +105,11 @@ def _history_row_problem(row: dict, previous: int) -> str | None:
         return f"'batches' must be a list of dicts, got {describe(batches)}"
     for place, entries in [("", row)] + [(f"batch {j}: ", b) for j, b in enumerate(batches)]:
         for key, value in entries.items():
-            if key.endswith("_batch_count") and not (_is_int(value) and value >= 0):
+            if key.endswith("_batch_count") and not (is_int(value) and value >= 0):
                 return f"{place}{key!r} must be an int >= 0, got {describe(value)}"
             if key.endswith("_best") and not isinstance(value, bool):
                 return f"{place}{key!r} must be true or false, got {describe(value)}"
-            if key in ("dur", "batch_size") and not _is_number(value):
+            if key in ("dur", "batch_size") and not is_number(value):
                 return f"{place}{key!r} must be a number, got {describe(value)}"
     return None
 
@@ -140,31 +137,6 @@ def _read_history(target: Any, source: str) -> list:
     return rows
 
 
-def _kind(t: torch.Tensor) -> str:
-    if t.dtype == torch.bool:
-        return "bool"
-    if t.is_complex():
-        return "complex"
-    return "floating" if t.is_floating_point() else "integer"
-
-
-def _tensor_problem(value: Any) -> str | None:
-    """Why ``value`` is not a plain tensor that can be loaded."""
-    if not isinstance(value, torch.Tensor):
-        return f"a {type(value).__name__} instead of a tensor"
-    if value.layout != torch.strided:
-        return f"a {value.layout} tensor instead of a dense one"
-    if value.device.type == "meta" or value.is_quantized:
-        return f"a {value.device.type} {value.dtype} tensor without loadable values"
-    return None
-
-
-def _all_finite(value: torch.Tensor) -> bool:
-    if _kind(value) not in ("floating", "complex"):
-        return True
-    return bool(torch.isfinite(value).all())
-
-
 def _check_module_state(module: torch.nn.Module, state: Any, source: str, attr: str) -> None:
     """Check a module ``state_dict`` against ``module``: the same keys,
     dense tensors of the same shapes and dtype kinds (floating, integer,
@@ -189,18 +161,18 @@ def _check_module_state(module: torch.nn.Module, state: Any, source: str, attr: 
         if key not in state or key.endswith("_extra_state") or not isinstance(value, torch.Tensor):
             continue
         saved = state[key]
-        problem = _tensor_problem(saved)
+        problem = tensor_problem(saved)
         if problem:
             others.append(f"{key} is {problem}")
-        elif _kind(saved) != _kind(value):
-            others.append(f"{key} holds {saved.dtype} values, the net {value.dtype} ({_kind(value)})")
+        elif dtype_kind(saved) != dtype_kind(value):
+            others.append(f"{key} holds {saved.dtype} values, the net {value.dtype} ({dtype_kind(value)})")
         elif not torch.nn.parameter.is_lazy(value) and saved.shape != value.shape:
             shapes.append(
                 f"{key}: {tuple(saved.shape)} in the file, {tuple(value.shape)} in the net"
             )
-        elif not _all_finite(saved) and (
+        elif not all_finite(saved) and (
             isinstance(value, torch.nn.Parameter) or torch.nn.parameter.is_lazy(value)
-            or _all_finite(value.detach())
+            or all_finite(value.detach())
         ):
             what = "parameter" if isinstance(value, torch.nn.Parameter) else "buffer"
             others.append(f"{what} {key} holds NaN or inf values")
@@ -217,154 +189,6 @@ def _check_module_state(module: torch.nn.Module, state: Any, source: str, attr: 
             f"{source} does not match net.{attr}: {', '.join(parts)}. Was another file "
             "passed (e.g. the optimizer file as f_params), or was the module built with "
             "other sizes? Nothing was loaded."
-        )
-
-
-def _plain_problem(value: Any, path: str, depth: int = 0) -> str | None:
-    """Why ``value`` is not a plain setting (a finite number, bool, None,
-    str, or a list of these)."""
-    if value is None or is_bool(value) or isinstance(value, str):
-        return None
-    if _is_number(value):
-        return None if math.isfinite(value) else f"{path} = {value!r} is not finite"
-    if isinstance(value, (list, tuple)) and depth < MAX_DEPTH:
-        for i, item in enumerate(value):
-            problem = _plain_problem(item, f"{path}[{i}]", depth + 1)
-            if problem:
-                return problem
-        return None
-    return f"{path} = {describe(value)} is not a plain setting"
-
-
-def _state_value_problem(value: Any, param: torch.Tensor, group_numel: int, path: str,
-                         depth: int = 0) -> str | None:
-    """Why ``value`` cannot be per-parameter optimizer state of ``param``.
-
-    A tensor that is not a scalar must have the parameter's shape, a shape
-    that broadcasts to it with the same number of dimensions (factored
-    moments, e.g. Adafactor), or be flat over the parameters of its group
-    (e.g. LBFGS).
-    """
-    if depth > MAX_DEPTH:
-        return f"{path} is nested deeper than {MAX_DEPTH} levels"
-    if value is None or is_bool(value) or isinstance(value, str):
-        return None
-    if _is_number(value):
-        return None if math.isfinite(value) else f"{path} = {value!r} is not finite"
-    if isinstance(value, torch.Tensor):
-        problem = _tensor_problem(value)
-        if problem:
-            return f"{path} is {problem}"
-        if value.dim() > 0:
-            shape, own = tuple(value.shape), tuple(param.shape)
-            factored = len(shape) == len(own) and all(s in (1, o) for s, o in zip(shape, own))
-            flat = len(shape) == 1 and shape[0] == group_numel
-            if not (factored or flat):
-                return (
-                    f"{path} has shape {shape}, but its parameter has shape {own} (and its "
-                    f"group {group_numel} values)"
-                )
-        if not _all_finite(value):
-            return f"{path} holds NaN or inf values"
-        return None
-    if isinstance(value, (list, tuple, Mapping)):
-        items = value.items() if isinstance(value, Mapping) else enumerate(value)
-        for key, item in items:
-            problem = _state_value_problem(item, param, group_numel, f"{path}[{key!r}]", depth + 1)
-            if problem:
-                return problem
-        return None
-    return f"{path} = {describe(value)} is not optimizer state"
-
-
-def _check_groups(optimizer: torch.optim.Optimizer, groups: list, problems: list[str]) -> dict:
-    """Check the saved parameter groups; return ``{id: (param, group numel)}``."""
-    ids: dict[Any, tuple[torch.Tensor, int]] = {}
-    for i, (group, own) in enumerate(zip(groups, optimizer.param_groups)):
-        numel = sum(p.numel() for p in own["params"])
-        for j, pid in enumerate(group["params"]):
-            if not _is_int(pid) or pid in ids:
-                problems.append(f"param_groups[{i}]['params'][{j}] = {describe(pid)} is not a new int id")
-            else:
-                ids[pid] = (own["params"][j], numel)
-        for key, own_value in own.items():
-            if key == "params":
-                continue
-            path = f"param_groups[{i}][{key!r}]"
-            if key not in group:
-                # flags (bool/None) that torch added over the versions get defaults on
-                # load; numeric hyper-parameters (lr, betas, ...) do not
-                if _is_number(own_value) or isinstance(own_value, (tuple, list, torch.Tensor)):
-                    problems.append(f"{path} is missing")
-                continue
-            problem = type_mismatch(own_value, group[key], path, finite=True)
-            if problem:
-                problems.append(problem)
-        for key, value in group.items():
-            if key not in own and key != "params":
-                problem = _plain_problem(value, f"param_groups[{i}][{key!r}]")
-                if problem:
-                    problems.append(problem)
-    return ids
-
-
-def _check_optimizer_state(optimizer: torch.optim.Optimizer, state: Any, source: str,
-                           attr: str) -> None:
-    """Check an optimizer ``state_dict`` against ``optimizer``: its keys, the
-    parameter groups (sizes, ids, every hyper-parameter of the net's groups
-    present with a value of the same type, numbers finite) and the
-    per-parameter state (tensors shaped for their parameter, finite).
-
-    Raises
-    ------
-    ValueError
-      Naming ``source`` and the fields in error.
-    """
-    if not (isinstance(state, Mapping) and "state" in state and "param_groups" in state):
-        found = sorted(map(str, state))[:6] if isinstance(state, Mapping) else type(state).__name__
-        raise ValueError(
-            f"{source} is not an optimizer state for net.{attr} (expected the keys "
-            f"'state' and 'param_groups', found {found}). Was another file passed?"
-        )
-    groups, own = state["param_groups"], optimizer.param_groups
-    if not (
-        isinstance(groups, (list, tuple))
-        and all(isinstance(g, Mapping) and isinstance(g.get("params"), (list, tuple)) for g in groups)
-    ):
-        raise ValueError(
-            f"{source} is not an optimizer state for net.{attr}: 'param_groups' must be a "
-            f"list of dicts with a 'params' list, got {describe(groups)}. Nothing was loaded."
-        )
-    sizes = [len(g["params"]) for g in groups]
-    own_sizes = [len(g["params"]) for g in own]
-    if sizes != own_sizes:
-        raise ValueError(
-            f"{source} does not match net.{attr}: parameter groups of sizes {sizes} in the "
-            f"file, {own_sizes} in the net. Nothing was loaded."
-        )
-    problems: list[str] = []
-    unknown = sorted(map(str, set(state) - set(optimizer.state_dict())))
-    if unknown:
-        problems.append(f"unknown keys {unknown[:6]}")
-    ids = _check_groups(optimizer, list(groups), problems)
-    entries = state["state"]
-    if not isinstance(entries, Mapping):
-        problems.append(f"'state' must be a dict, got {describe(entries)}")
-        entries = {}
-    for pid, entry in entries.items():
-        if pid not in ids:
-            problems.append(f"state[{pid!r}] belongs to no parameter of param_groups")
-        elif not (isinstance(entry, Mapping) and all(isinstance(k, str) for k in entry)):
-            problems.append(f"state[{pid!r}] must be a dict with str keys, got {describe(entry)}")
-        else:
-            param, numel = ids[pid]
-            problem = _state_value_problem(dict(entry), param, numel, f"state[{pid!r}]")
-            if problem:
-                problems.append(problem)
-    if problems:
-        raise ValueError(
-            f"{source} does not match net.{attr}: " + "; ".join(problems[:6])
-            + ". Nothing was loaded."
         )
 
 

@@ -9,13 +9,16 @@ from __future__ import annotations
 import builtins
 import math
 from collections.abc import Mapping
-from numbers import Real
+from numbers import Integral, Real
 from typing import Any
 
 import numpy as np
 import torch
 
-__all__ = ["is_bool", "describe", "type_mismatch", "nesting_depth", "MAX_DEPTH"]
+__all__ = [
+    "is_bool", "is_int", "is_number", "describe", "type_mismatch", "nesting_depth",
+    "dtype_kind", "tensor_problem", "all_finite", "MAX_DEPTH",
+]
 
 #: Deepest nesting of lists and dicts accepted in a loaded JSON or state file.
 MAX_DEPTH = 64
@@ -40,8 +43,41 @@ def describe(value: Any) -> str:
     return f"{text} ({name})"
 
 
-def _is_number(value: Any) -> bool:
+def is_number(value: Any) -> bool:
+    """A real number that is not a boolean."""
     return isinstance(value, Real) and not is_bool(value)
+
+
+def is_int(value: Any) -> bool:
+    """An integer that is not a boolean."""
+    return isinstance(value, Integral) and not is_bool(value)
+
+
+def dtype_kind(t: torch.Tensor) -> str:
+    """``'bool'``, ``'complex'``, ``'floating'`` or ``'integer'``."""
+    if t.dtype == torch.bool:
+        return "bool"
+    if t.is_complex():
+        return "complex"
+    return "floating" if t.is_floating_point() else "integer"
+
+
+def tensor_problem(value: Any) -> str | None:
+    """Why ``value`` is not a plain tensor that can be loaded."""
+    if not isinstance(value, torch.Tensor):
+        return f"a {type(value).__name__} instead of a tensor"
+    if value.layout != torch.strided:
+        return f"a {value.layout} tensor instead of a dense one"
+    if value.device.type == "meta" or value.is_quantized:
+        return f"a {value.device.type} {value.dtype} tensor without loadable values"
+    return None
+
+
+def all_finite(value: torch.Tensor) -> bool:
+    """Whether a tensor holds no NaN or inf (always true for integers)."""
+    if dtype_kind(value) not in ("floating", "complex"):
+        return True
+    return bool(torch.isfinite(value).all())
 
 
 def nesting_depth(value: Any, limit: int = MAX_DEPTH) -> int:
@@ -76,11 +112,11 @@ def type_mismatch(reference: Any, value: Any, path: str, finite: bool = False,
         return None
     if is_bool(reference):
         return None if is_bool(value) else f"{path} must be True or False, got {describe(value)}"
-    if _is_number(reference) or (isinstance(reference, torch.Tensor) and reference.numel() == 1):
+    if is_number(reference) or (isinstance(reference, torch.Tensor) and reference.numel() == 1):
         number = value
         if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex():
             number = value.item()
-        if not _is_number(number):
+        if not is_number(number):
             return f"{path} must be a number, got {describe(value)}"
         if finite and not math.isfinite(number):
             return f"{path} must be a finite number, got {describe(value)}"
