@@ -209,6 +209,8 @@ def _kind_problem(reference: Any, value: Any, path: str,
     if isinstance(reference, torch.Tensor):
         if reference.dim() == 0:
             ok = is_number(value) or (isinstance(value, torch.Tensor) and value.numel() == 1)
+            if not ok:
+                return f"{path} must be a number or a one-element tensor, got {describe(value)}"
         else:
             ok = isinstance(value, torch.Tensor) and value.dim() > 0
             if ok and shape is not None and tuple(value.shape) != shape:

@@ -63,6 +63,7 @@ from ampnet.rng import capture_rng_state, get_rng_state, prepare_rng_state
 from ampnet.rollback import (
     Step,
     apply_all,
+    snapshot_attribute,
     snapshot_attributes,
     snapshot_module,
     snapshot_optimizer,
@@ -443,7 +444,7 @@ class PersistenceMixin:
                 late.append(Step(
                     source,
                     lambda rows=rows: setattr(self, "history", History(rows)),
-                    lambda: snapshot_attributes(self, ["history"]),
+                    lambda: snapshot_attribute(self, "history"),
                 ))
             elif key == "f_rng_state":
                 state = _read_state(target, source, safetensors, "cpu", safe)
@@ -483,7 +484,7 @@ class PersistenceMixin:
                 self.device = device
 
         device_step = Step(
-            "the device", set_device, lambda: snapshot_attributes(self, ["device"])
+            "the device", set_device, lambda: snapshot_attribute(self, "device")
         )
         # the RNG last: nothing after it may draw random numbers
         return [device_step, *modules, *late, *rng]

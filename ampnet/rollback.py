@@ -16,7 +16,10 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-__all__ = ["Step", "apply_all", "snapshot_module", "snapshot_optimizer", "snapshot_attributes"]
+__all__ = [
+    "Step", "apply_all", "snapshot_module", "snapshot_optimizer", "snapshot_attributes",
+    "snapshot_attribute",
+]
 
 Restore = Callable[[], None]
 
@@ -148,5 +151,16 @@ def snapshot_attributes(obj: Any, names: Iterable[str] | None = None) -> Restore
         with torch.no_grad():
             for tensor, value in tensors:
                 tensor.copy_(value)
+
+    return restore
+
+
+def snapshot_attribute(obj: Any, name: str) -> Restore:
+    """Snapshot one attribute (also a property, such as skorch's
+    ``history``) that a step replaces by a new object."""
+    value = getattr(obj, name)
+
+    def restore() -> None:
+        setattr(obj, name, value)
 
     return restore

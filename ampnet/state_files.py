@@ -296,15 +296,34 @@ def _text_writer(text: str) -> Callable[[Any], None]:
     return write
 
 
+def _os_error_behind(exc: BaseException) -> OSError | None:
+    """The OSError that ``exc`` was raised while handling, if any."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, OSError):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 def _torch_writer(state: Any) -> Callable[[Any], None]:
     def write(target: Any) -> None:
-        if is_path(target):
-            # through a Python file, so that a write error (a full disk) raises
-            # the OSError with its cause; torch's own writer loses it
-            with open(target, "wb") as f:
-                torch.save(state, f)
-        else:
-            torch.save(state, target)
+        try:
+            if is_path(target):
+                # through a Python file, so that a write error (a full disk) raises
+                # the OSError with its cause; torch's own writer loses it
+                with open(target, "wb") as f:
+                    torch.save(state, f)
+            else:
+                torch.save(state, target)
+        except RuntimeError as exc:
+            # torch's zip writer, closing after a failed write, raises its own
+            # "unexpected pos" error over the OSError
+            cause = _os_error_behind(exc)
+            if cause is None:
+                raise
+            raise cause from None
 
     return write
 
