@@ -52,13 +52,13 @@ from ampnet.state_files import (
     _read_state,
     _read_history,
     _check_module_state,
-    _check_optimizer_state,
     resolve_checkpoint,
     checkpoint_files,
     _plain,
     _text_writer,
     _state_writer,
 )
+from ampnet.optimizer_state import check_optimizer_state
 from ampnet.rng import capture_rng_state, get_rng_state, prepare_rng_state
 from ampnet.rollback import (
     Step,
@@ -471,7 +471,7 @@ class PersistenceMixin:
                         extra = tuple((getattr(self, "amp_master_params_", None) or {}).values())
                     snapshot = lambda obj=obj, extra=extra: snapshot_module(obj, extra)  # noqa: E731
                 elif isinstance(obj, torch.optim.Optimizer):
-                    _check_optimizer_state(obj, state, source, attr)
+                    check_optimizer_state(obj, state, source, attr)
                     snapshot = lambda obj=obj: snapshot_optimizer(obj)  # noqa: E731
                 else:
                     snapshot = lambda obj=obj: snapshot_attributes(obj)  # noqa: E731

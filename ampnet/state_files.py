@@ -13,7 +13,6 @@ from skorch.callbacks import TrainEndCheckpoint as SkorchTrainEndCheckpoint
 from skorch.history import History
 
 from ampnet.atomic import is_path, read_json, recover
-from ampnet.optimizer_state import check_optimizer_state as _check_optimizer_state
 from ampnet.validation import (
     all_finite,
     describe,

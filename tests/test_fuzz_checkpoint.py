@@ -49,14 +49,17 @@ def test_fuzzed_checkpoints_load_or_are_refused_without_changing_the_net(tmp_pat
     started = time.perf_counter()
     proc = subprocess.run(
         [sys.executable, __file__, str(tmp_path / "work"), str(result), str(SEED)],
-        cwd=os.path.dirname(HERE), env=env, capture_output=True, text=True, timeout=300,
+        cwd=os.path.dirname(HERE),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     elapsed = time.perf_counter() - started
-    progress = (tmp_path / "work" / "progress.txt")
+    progress = tmp_path / "work" / "progress.txt"
     last = progress.read_text().splitlines()[-1:] if progress.exists() else []
     assert proc.returncode == 0, (
-        f"the loading process died (exit code {proc.returncode}) at case {last}:\n"
-        f"{proc.stderr[-3000:]}"
+        f"the loading process died (exit code {proc.returncode}) at case {last}:\n{proc.stderr[-3000:]}"
     )
     report = json.loads(result.read_text())
     print(
@@ -108,11 +111,18 @@ def _worker(workdir, result_path, seed):
 
     def make_net(module=Tiny, precision="float16", callbacks=(), **kwargs):
         return AmpNetClassifier(
-            module, amp_enabled=True, amp_dtype=precision, optimizer=torch.optim.Adam,
-            lr=0.05, batch_size=16, max_epochs=2, train_split=None, verbose=0,
-            grad_scaler__init_scale=2.0**20, grad_scaler__growth_interval=2,
-            callbacks=[LRScheduler(torch.optim.lr_scheduler.StepLR, step_size=1, gamma=0.5),
-                       *callbacks],
+            module,
+            amp_enabled=True,
+            amp_dtype=precision,
+            optimizer=torch.optim.Adam,
+            lr=0.05,
+            batch_size=16,
+            max_epochs=2,
+            train_split=None,
+            verbose=0,
+            grad_scaler__init_scale=2.0**20,
+            grad_scaler__growth_interval=2,
+            callbacks=[LRScheduler(torch.optim.lr_scheduler.StepLR, step_size=1, gamma=0.5), *callbacks],
             **kwargs,
         )
 
@@ -120,8 +130,12 @@ def _worker(workdir, result_path, seed):
         torch.manual_seed(0)
         np.random.seed(0)
         random.seed(0)
-        cp = Checkpoint(monitor=None, dirname=dirname, use_safetensors=safetensors,
-                        f_optimizer=None if safetensors else "optimizer.pt")
+        cp = Checkpoint(
+            monitor=None,
+            dirname=dirname,
+            use_safetensors=safetensors,
+            f_optimizer=None if safetensors else "optimizer.pt",
+        )
         make_net(module, precision, callbacks=[cp]).fit(X, y)
         history = os.path.join(dirname, "history.json")
         with open(history) as f:
@@ -160,9 +174,13 @@ def _worker(workdir, result_path, seed):
 
     def state_of(net):
         sched = [
-            (name, copy.deepcopy(cb.lr_scheduler_.state_dict()) if cb.lr_scheduler_ else None,
-             getattr(cb, "batch_idx_", None))
-            for name, cb in net.callbacks_ if isinstance(cb, LRScheduler)
+            (
+                name,
+                copy.deepcopy(cb.lr_scheduler_.state_dict()) if cb.lr_scheduler_ else None,
+                getattr(cb, "batch_idx_", None),
+            )
+            for name, cb in net.callbacks_
+            if isinstance(cb, LRScheduler)
         ]
         np_state = np.random.get_state(legacy=False)
         return {
@@ -171,22 +189,33 @@ def _worker(workdir, result_path, seed):
             "criterion": copy.deepcopy(net.criterion_.state_dict()),
             "history": copy.deepcopy(net.history.to_list()),
             "scaler": copy.deepcopy(net.grad_scaler_.state_dict()),
-            "scaler_attrs": {k: v for k, v in vars(net.grad_scaler_).items()
-                             if k != "_per_optimizer_states"},
+            "scaler_attrs": {
+                k: v for k, v in vars(net.grad_scaler_).items() if k != "_per_optimizer_states"
+            },
             "schedulers": sched,
             "device": net.device,
             "torch_rng": torch.get_rng_state(),
-            "numpy_rng": [np_state["state"]["key"].tolist(), np_state["state"]["pos"],
-                          np_state["has_gauss"], np_state["gauss"]],
+            "numpy_rng": [
+                np_state["state"]["key"].tolist(),
+                np_state["state"]["pos"],
+                np_state["has_gauss"],
+                np_state["gauss"],
+            ],
             "python_rng": random.getstate(),
         }
 
     def differences(a, b, path="net"):
         if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-            same = (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
-                    and a.dtype == b.dtype and a.shape == b.shape
-                    and torch.equal(a.reshape(-1).view(torch.uint8) if a.dtype != torch.bool else a,
-                                    b.reshape(-1).view(torch.uint8) if b.dtype != torch.bool else b))
+            same = (
+                isinstance(a, torch.Tensor)
+                and isinstance(b, torch.Tensor)
+                and a.dtype == b.dtype
+                and a.shape == b.shape
+                and torch.equal(
+                    a.reshape(-1).view(torch.uint8) if a.dtype != torch.bool else a,
+                    b.reshape(-1).view(torch.uint8) if b.dtype != torch.bool else b,
+                )
+            )
             return [] if same else [path]
         if isinstance(a, dict) and isinstance(b, dict):
             if a.keys() != b.keys():
@@ -202,8 +231,15 @@ def _worker(workdir, result_path, seed):
 
     # ---- one case ---------------------------------------------------------
 
-    report = {"cases": 0, "refused": 0, "loaded": 0, "failures": [], "slots": [], "kinds": [],
-              "outcomes": []}
+    report = {
+        "cases": 0,
+        "refused": 0,
+        "loaded": 0,
+        "failures": [],
+        "slots": [],
+        "kinds": [],
+        "outcomes": [],
+    }
 
     def target_net(safetensors):
         net = make_net().initialize()
@@ -225,13 +261,20 @@ def _worker(workdir, result_path, seed):
             report["slots"].append(slot)
         if kind not in report["kinds"]:
             report["kinds"].append(kind)
-        cp = Checkpoint(monitor=None, dirname=ckpt, use_safetensors=safetensors,
-                        f_optimizer=None if safetensors else "optimizer.pt")
+        cp = Checkpoint(
+            monitor=None,
+            dirname=ckpt,
+            use_safetensors=safetensors,
+            f_optimizer=None if safetensors else "optimizer.pt",
+        )
         cp.initialize()
         net, mode = target_net(safetensors)
         before = state_of(net)
-        listing = {n: open(os.path.join(ckpt, n), "rb").read() for n in sorted(os.listdir(ckpt))
-                   if os.path.isfile(os.path.join(ckpt, n)) and not os.path.islink(os.path.join(ckpt, n))}
+        listing = {
+            n: open(os.path.join(ckpt, n), "rb").read()
+            for n in sorted(os.listdir(ckpt))
+            if os.path.isfile(os.path.join(ckpt, n)) and not os.path.islink(os.path.join(ckpt, n))
+        }
         try:
             if mode == "load_params":
                 net.load_params(checkpoint=cp, use_safetensors=safetensors)
@@ -247,12 +290,19 @@ def _worker(workdir, result_path, seed):
             report["outcomes"].append("refused")
             text = str(exc)
             if named not in text:
-                report["failures"].append(f"{case} ({mode}): the error does not name {named!r}: {text[:300]}")
+                report["failures"].append(
+                    f"{case} ({mode}): the error does not name {named!r}: {text[:300]}"
+                )
             changed = differences(before, state_of(net))
             if changed:
-                report["failures"].append(f"{case} ({mode}): refused ({text[:150]}) but changed {changed[:3]}")
-            now = {n: open(os.path.join(ckpt, n), "rb").read() for n in listing
-                   if os.path.isfile(os.path.join(ckpt, n))}
+                report["failures"].append(
+                    f"{case} ({mode}): refused ({text[:150]}) but changed {changed[:3]}"
+                )
+            now = {
+                n: open(os.path.join(ckpt, n), "rb").read()
+                for n in listing
+                if os.path.isfile(os.path.join(ckpt, n))
+            }
             if slot == "journal" and now != listing:
                 report["failures"].append(f"{case}: a refused journal changed the checkpoint directory")
         except Exception as exc:  # noqa: BLE001 - any other error is a finding
@@ -269,8 +319,7 @@ def _worker(workdir, result_path, seed):
                 net.partial_fit(X[:16], y[:16])
             except Exception as exc:  # noqa: BLE001
                 report["failures"].append(
-                    f"{case} ({mode}): loaded, then {type(exc).__name__}: {str(exc)[:300]} "
-                    f"at {_where(exc)}"
+                    f"{case} ({mode}): loaded, then {type(exc).__name__}: {str(exc)[:300]} at {_where(exc)}"
                 )
         for path, data in victim_files.items():
             if not os.path.isfile(path) or open(path, "rb").read() != data:
@@ -283,21 +332,52 @@ def _worker(workdir, result_path, seed):
     # ---- corruptions --------------------------------------------------------
 
     def wrong_value(json_only):
-        pool = [None, True, False, "x", "", -1, 0, 1, 3.5, 2**62, 1e39, -1e39, 1e-50,
-                float("nan"), float("inf"), -float("inf"), [], {}, [1, "a"], {"a": None},
-                "../../victim.txt", [[[[]]]]]
+        pool = [
+            None,
+            True,
+            False,
+            "x",
+            "",
+            -1,
+            0,
+            1,
+            3.5,
+            2**62,
+            1e39,
+            -1e39,
+            1e-50,
+            float("nan"),
+            float("inf"),
+            -float("inf"),
+            [],
+            {},
+            [1, "a"],
+            {"a": None},
+            "../../victim.txt",
+            [[[[]]]],
+        ]
         if not json_only:
-            pool += [torch.tensor(7), torch.zeros(3), torch.tensor([float("nan")]),
-                     torch.zeros(2, 2, dtype=torch.int64), torch.tensor(True),
-                     torch.full((5,), 2**40), torch.zeros(0), (1, 2)]
+            pool += [
+                torch.tensor(7),
+                torch.zeros(3),
+                torch.tensor([float("nan")]),
+                torch.zeros(2, 2, dtype=torch.int64),
+                torch.tensor(True),
+                torch.full((5,), 2**40),
+                torch.zeros(0),
+                (1, 2),
+            ]
         return copy.deepcopy(rng.choice(pool))
 
     def mutate_tensor(t):
         choice = rng.randrange(7)
         if choice == 0 and t.numel():
             t = t.clone().reshape(-1)
-            extreme = [-1, 0, 624, 625, 2**32, 2**40, -2**40] if not t.is_floating_point() else \
-                [float("nan"), float("inf"), -float("inf"), 1e39, 0.0, -1.0]
+            extreme = (
+                [-1, 0, 624, 625, 2**32, 2**40, -(2**40)]
+                if not t.is_floating_point()
+                else [float("nan"), float("inf"), -float("inf"), 1e39, 0.0, -1.0]
+            )
             value = rng.choice(extreme)
             try:
                 t[rng.randrange(t.numel())] = value
@@ -307,8 +387,19 @@ def _worker(workdir, result_path, seed):
         if choice == 1:
             return torch.zeros_like(t)
         if choice == 2:
-            return t.to(rng.choice([torch.float32, torch.float64, torch.int32, torch.int64,
-                                    torch.uint8, torch.bool, torch.float16]))
+            return t.to(
+                rng.choice(
+                    [
+                        torch.float32,
+                        torch.float64,
+                        torch.int32,
+                        torch.int64,
+                        torch.uint8,
+                        torch.bool,
+                        torch.float16,
+                    ]
+                )
+            )
         if choice == 3:
             flat = t.reshape(-1)
             return flat[:-1].clone() if flat.numel() else torch.zeros(2)
@@ -316,7 +407,7 @@ def _worker(workdir, result_path, seed):
             return t.unsqueeze(0).clone()
         if choice == 5:
             return torch.cat([t.reshape(-1), t.reshape(-1)[:1]]).clone() if t.numel() else torch.ones(1)
-        return torch.randint(-2**31, 2**31, t.shape).to(t.dtype) if t.dtype != torch.bool else ~t
+        return torch.randint(-(2**31), 2**31, t.shape).to(t.dtype) if t.dtype != torch.bool else ~t
 
     def nodes_of(obj, depth=0):
         found = []
@@ -352,7 +443,9 @@ def _worker(workdir, result_path, seed):
             del parent[key]
         elif action == 2:
             if isinstance(parent, dict):
-                parent[rng.choice(["fuzz", "cuda.x", "cuda.7", "_overflow_streak", "lr", 3])] = wrong_value(json_only)
+                parent[rng.choice(["fuzz", "cuda.x", "cuda.7", "_overflow_streak", "lr", 3])] = wrong_value(
+                    json_only
+                )
             else:
                 parent.append(wrong_value(json_only))
         else:
@@ -377,7 +470,7 @@ def _worker(workdir, result_path, seed):
             if data:
                 start = rng.randrange(len(data))
                 size = rng.randint(1, 64)
-                data[start:start + size] = bytes(rng.randrange(256) for _ in range(size))
+                data[start : start + size] = bytes(rng.randrange(256) for _ in range(size))
             return bytes(data)
         if kind == "append":
             return bytes(data) + bytes(rng.randrange(256) for _ in range(rng.randint(1, 100)))
@@ -403,12 +496,17 @@ def _worker(workdir, result_path, seed):
                 write(path, json.dumps(obj).encode())
             elif safetensors:
                 from safetensors.torch import load, save
+
                 obj = mutate_structure(dict(sorted(load(original).items())), json_only=False)
-                tensors = {str(k): v for k, v in obj.items() if isinstance(v, torch.Tensor)} \
-                    if isinstance(obj, dict) else {}
+                tensors = (
+                    {str(k): v for k, v in obj.items() if isinstance(v, torch.Tensor)}
+                    if isinstance(obj, dict)
+                    else {}
+                )
                 write(path, save({k: v.contiguous() for k, v in tensors.items()}))
             else:
                 import io
+
                 obj = torch.load(io.BytesIO(original), weights_only=True)
                 buffer = io.BytesIO()
                 torch.save(mutate_structure(obj, json_only=False), buffer)
@@ -442,22 +540,40 @@ def _worker(workdir, result_path, seed):
     valid_temp = f".params.pt.{hexname}{TEMP_SUFFIX}"
     victim = os.path.join(victims, "victim.txt")
     names = [
-        valid_temp, "params.pt", victim, os.path.join("..", "victims", "victim.txt"),
-        os.path.join("sub", "..", "..", "victims", "victim.txt"), "..", ".", "", "x\x00y",
-        f".victim.txt.{hexname}{TEMP_SUFFIX}", f"../.victim.txt.{hexname}{TEMP_SUFFIX}",
-        f".params.pt.{hexname[:-1]}{TEMP_SUFFIX}", f".history.json.{hexname}{TEMP_SUFFIX}",
-        JOURNAL_NAME, "../" + JOURNAL_NAME, 1, None, ["a"], "/", "..\\victim.txt",
+        valid_temp,
+        "params.pt",
+        victim,
+        os.path.join("..", "victims", "victim.txt"),
+        os.path.join("sub", "..", "..", "victims", "victim.txt"),
+        "..",
+        ".",
+        "",
+        "x\x00y",
+        f".victim.txt.{hexname}{TEMP_SUFFIX}",
+        f"../.victim.txt.{hexname}{TEMP_SUFFIX}",
+        f".params.pt.{hexname[:-1]}{TEMP_SUFFIX}",
+        f".history.json.{hexname}{TEMP_SUFFIX}",
+        JOURNAL_NAME,
+        "../" + JOURNAL_NAME,
+        1,
+        None,
+        ["a"],
+        "/",
+        "..\\victim.txt",
     ]
 
     def random_journal():
         shape = rng.randrange(10)
         if shape == 0:
-            return bytes_corruption(json.dumps({"ampnet_journal_version": 1, "moves": [],
-                                                "journals": [JOURNAL_NAME]}).encode(),
-                                    rng.choice(["truncate", "bitflip", "overwrite", "garbage"]))
-        data = {"ampnet_journal_version": 1,
-                "moves": [[rng.choice(names), rng.choice(names)] for _ in range(rng.randint(0, 3))],
-                "journals": [rng.choice(names) for _ in range(rng.randint(0, 2))]}
+            return bytes_corruption(
+                json.dumps({"ampnet_journal_version": 1, "moves": [], "journals": [JOURNAL_NAME]}).encode(),
+                rng.choice(["truncate", "bitflip", "overwrite", "garbage"]),
+            )
+        data = {
+            "ampnet_journal_version": 1,
+            "moves": [[rng.choice(names), rng.choice(names)] for _ in range(rng.randint(0, 3))],
+            "journals": [rng.choice(names) for _ in range(rng.randint(0, 2))],
+        }
         if shape == 1:
             data["ampnet_journal_version"] = wrong_value(True)
         elif shape == 2:
@@ -467,8 +583,11 @@ def _worker(workdir, result_path, seed):
         elif shape == 4:
             data["extra"] = 1
         elif shape == 5:
-            data = {"ampnet_journal_version": 1, "moves": [[valid_temp, "params.pt"]],
-                    "journals": [JOURNAL_NAME]}
+            data = {
+                "ampnet_journal_version": 1,
+                "moves": [[valid_temp, "params.pt"]],
+                "journals": [JOURNAL_NAME],
+            }
         return json.dumps(data).encode()
 
     def clean_journal():
@@ -489,8 +608,10 @@ def _worker(workdir, result_path, seed):
             shutil.copyfile(os.path.join(pristine, "params.pt"), os.path.join(ckpt, valid_temp))
         if i == 0:  # a journal that is a link to one outside
             outside = os.path.join(victims, "planted.json")
-            write(outside, json.dumps({"ampnet_journal_version": 1, "moves": [],
-                                       "journals": [JOURNAL_NAME]}).encode())
+            write(
+                outside,
+                json.dumps({"ampnet_journal_version": 1, "moves": [], "journals": [JOURNAL_NAME]}).encode(),
+            )
             os.symlink(outside, journal)
         elif i == 1:  # a directory in the journal's place
             os.mkdir(journal)

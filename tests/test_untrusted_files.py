@@ -11,6 +11,7 @@ import errno
 import json
 import multiprocessing
 import os
+import pickle
 import random
 import re
 import signal
@@ -46,8 +47,15 @@ class Wide(Tiny):
 
 def tiny_net(module=Tiny, precision="float16", **kwargs):
     params = dict(
-        optimizer=torch.optim.Adam, lr=0.05, batch_size=16, max_epochs=2, train_split=None,
-        verbose=0, amp_enabled=True, amp_dtype=precision, grad_scaler__init_scale=2.0**20,
+        optimizer=torch.optim.Adam,
+        lr=0.05,
+        batch_size=16,
+        max_epochs=2,
+        train_split=None,
+        verbose=0,
+        amp_enabled=True,
+        amp_dtype=precision,
+        grad_scaler__init_scale=2.0**20,
         grad_scaler__growth_interval=3,
     )
     params.update(kwargs)
@@ -70,16 +78,18 @@ def _plain(obj):
 
 def snapshot(net):
     """Everything a load may change, RNGs included (copied)."""
-    return copy.deepcopy({
-        "params": net.module_.state_dict(),
-        "optimizer": net.optimizer_.state_dict(),
-        "scaler": net.grad_scaler_.state_dict(),
-        "history": net.history.to_list(),
-        "device": net.device,
-        "torch_rng": torch.get_rng_state(),
-        "numpy_rng": _plain(np.random.get_state(legacy=False)),
-        "python_rng": random.getstate(),
-    })
+    return copy.deepcopy(
+        {
+            "params": net.module_.state_dict(),
+            "optimizer": net.optimizer_.state_dict(),
+            "scaler": net.grad_scaler_.state_dict(),
+            "history": net.history.to_list(),
+            "device": net.device,
+            "torch_rng": torch.get_rng_state(),
+            "numpy_rng": _plain(np.random.get_state(legacy=False)),
+            "python_rng": random.getstate(),
+        }
+    )
 
 
 def paths(root, names=FILES):
@@ -134,8 +144,15 @@ def test_planted_journal_of_the_issue_touches_nothing(tmp_path, fitted):
     (tmp_path / "dot_bashrc").write_text("mine")
     (dl / "payload.txt").write_text("evil")
     journal = dl / JOURNAL_NAME
-    journal.write_text(json.dumps({"ampnet_journal_version": 1, "moves": [["payload.txt", "../dot_bashrc"]],
-                                   "journals": ["../victim.txt"]}))
+    journal.write_text(
+        json.dumps(
+            {
+                "ampnet_journal_version": 1,
+                "moves": [["payload.txt", "../dot_bashrc"]],
+                "journals": ["../victim.txt"],
+            }
+        )
+    )
     net = tiny_net().initialize()
     before = snapshot(net)
     with pytest.raises(ValueError, match=re.escape(repr(str(journal))) + " is not an ampnet journal"):
@@ -183,7 +200,9 @@ def test_journal_entries_outside_the_directory_are_refused(tmp_path, case):
     data.update(_entries(tmp_path)[case])
     (d / JOURNAL_NAME).write_text(json.dumps(data))
     before = {p.name: p.read_bytes() for p in d.iterdir()}
-    with pytest.raises(ValueError, match=re.escape(repr(str(d / JOURNAL_NAME))) + " is not an ampnet journal"):
+    with pytest.raises(
+        ValueError, match=re.escape(repr(str(d / JOURNAL_NAME))) + " is not an ampnet journal"
+    ):
         recover([str(d)])
     assert victim.read_text() == "precious"
     assert {p.name: p.read_bytes() for p in d.iterdir()} == before  # nothing touched
@@ -196,8 +215,11 @@ def test_journal_with_a_linked_temporary_file_is_refused(tmp_path):
     victim.write_text("precious")
     temp = d / f".model.pt.0123456789ab{TEMP_SUFFIX}"
     temp.symlink_to(victim)
-    (d / JOURNAL_NAME).write_text(json.dumps(
-        {"ampnet_journal_version": 1, "moves": [[temp.name, "model.pt"]], "journals": [JOURNAL_NAME]}))
+    (d / JOURNAL_NAME).write_text(
+        json.dumps(
+            {"ampnet_journal_version": 1, "moves": [[temp.name, "model.pt"]], "journals": [JOURNAL_NAME]}
+        )
+    )
     with pytest.raises(ValueError, match="is a symbolic link"):
         recover([str(d)])
     assert temp.is_symlink() and not (d / "model.pt").exists()
@@ -219,21 +241,33 @@ def test_journal_that_is_a_link_or_a_directory_is_refused(tmp_path):
         recover([str(d)])
 
 
-@pytest.mark.parametrize("content, problem", [
-    (b"\xff\xfe\x00garbage", "it is not UTF-8 JSON"),
-    (b"{not json", "it is not UTF-8 JSON"),
-    (b"[" * 100000 + b"]" * 100000, "it is not UTF-8 JSON"),
-    (b"[1, 2]", "expected a JSON object, got list"),
-    (b'{"ampnet_journal_version": 1, "journals": []}', r"expected the keys .* found \['ampnet_journal_version', 'journals'\]"),
-    (b'{"ampnet_journal_version": 1, "moves": [], "journals": [], "x": 1}', "expected the keys"),
-    (b'{"ampnet_journal_version": true, "moves": [], "journals": []}', "ampnet_journal_version is True"),
-    (b'{"ampnet_journal_version": 2, "moves": [], "journals": []}', "ampnet_journal_version is 2"),
-    (b'{"ampnet_journal_version": 1, "moves": "x", "journals": []}', "must be lists"),
-    (b'{"ampnet_journal_version": 1, "moves": [[1, 2]], "journals": []}', r"the move \[1, 2\]"),
-    (b'{"ampnet_journal_version": 1, "moves": [["a"]], "journals": []}', "is not a .temporary, final. pair"),
-    (b'{"ampnet_journal_version": 1, "moves": [], "journals": [null]}', "'journals' may list only"),
-    (b" " * (2 << 20), "larger than"),
-])
+@pytest.mark.parametrize(
+    "content, problem",
+    [
+        (b"\xff\xfe\x00garbage", "it is not UTF-8 JSON"),
+        (b"{not json", "it is not UTF-8 JSON"),
+        (b"[" * 100000 + b"]" * 100000, "it is not UTF-8 JSON"),
+        (b"[1, 2]", "expected a JSON object, got list"),
+        (
+            b'{"ampnet_journal_version": 1, "journals": []}',
+            r"expected the keys .* found \['ampnet_journal_version', 'journals'\]",
+        ),
+        (b'{"ampnet_journal_version": 1, "moves": [], "journals": [], "x": 1}', "expected the keys"),
+        (
+            b'{"ampnet_journal_version": true, "moves": [], "journals": []}',
+            "ampnet_journal_version is True",
+        ),
+        (b'{"ampnet_journal_version": 2, "moves": [], "journals": []}', "ampnet_journal_version is 2"),
+        (b'{"ampnet_journal_version": 1, "moves": "x", "journals": []}', "must be lists"),
+        (b'{"ampnet_journal_version": 1, "moves": [[1, 2]], "journals": []}', r"the move \[1, 2\]"),
+        (
+            b'{"ampnet_journal_version": 1, "moves": [["a"]], "journals": []}',
+            "is not a .temporary, final. pair",
+        ),
+        (b'{"ampnet_journal_version": 1, "moves": [], "journals": [null]}', "'journals' may list only"),
+        (b" " * (2 << 20), "larger than"),
+    ],
+)
 def test_garbage_journals_raise_value_error_naming_the_journal(tmp_path, content, problem):
     (tmp_path / JOURNAL_NAME).write_bytes(content)
     with pytest.raises(ValueError, match=problem) as info:
@@ -272,9 +306,17 @@ def test_group_in_two_directories_writes_one_confined_journal_each(tmp_path, fit
 def test_formatted_file_names_cannot_leave_the_checkpoint(tmp_path, fitted):
     """A history value used in a file-name template cannot move the file
     out of the checkpoint's directory."""
-    cp = Checkpoint(monitor=None, dirname=str(tmp_path / "cp"), f_params="params_{last_epoch[tag]}.pt",
-                    f_optimizer=None, f_criterion=None, f_grad_scaler=None, f_rng_state=None,
-                    f_lr_schedulers=None, event_name=None)
+    cp = Checkpoint(
+        monitor=None,
+        dirname=str(tmp_path / "cp"),
+        f_params="params_{last_epoch[tag]}.pt",
+        f_optimizer=None,
+        f_criterion=None,
+        f_grad_scaler=None,
+        f_rng_state=None,
+        f_lr_schedulers=None,
+        event_name=None,
+    )
     cp.initialize()
     net = copy.deepcopy(fitted)
     net.history.record("tag", "ok")
@@ -285,8 +327,11 @@ def test_formatted_file_names_cannot_leave_the_checkpoint(tmp_path, fitted):
     (tmp_path / "cp" / "history.json").write_text(json.dumps(rows))
     net = tiny_net().initialize()
     before = snapshot(net)
-    with pytest.raises(ValueError, match="turns the file name f_params='params_{last_epoch.tag.}.pt' into "
-                       ".*outside the checkpoint's directory"):
+    with pytest.raises(
+        ValueError,
+        match="turns the file name f_params='params_{last_epoch.tag.}.pt' into "
+        ".*outside the checkpoint's directory",
+    ):
         net.load_params(checkpoint=cp)
     assert differences(snapshot(net), before) == []
 
@@ -302,40 +347,86 @@ def _rng_cases():
         def change(s):
             s[key] = s[key].clone()
             s[key][index] = value
+
         return change
 
     return {
-        "numpy.pos out of range": (setitem("numpy.pos", torch.tensor(625)), r"numpy.pos=625 must lie in \[0, 624\]"),
+        "numpy.pos out of range": (
+            setitem("numpy.pos", torch.tensor(625)),
+            r"numpy.pos=625 must lie in \[0, 624\]",
+        ),
         "numpy.pos huge": (setitem("numpy.pos", torch.tensor(10**12)), "numpy.pos=1000000000000"),
         "numpy.pos negative": (setitem("numpy.pos", torch.tensor(-1)), "numpy.pos=-1"),
-        "numpy.has_gauss": (setitem("numpy.has_gauss", torch.tensor(2)), "numpy.has_gauss=2 must be 0 or 1"),
-        "numpy.cached_gaussian": (setitem("numpy.cached_gaussian", torch.tensor(float("nan"), dtype=torch.float64)),
-                                  "numpy.cached_gaussian=nan must be a finite number"),
-        "numpy.keys zero": (setitem("numpy.keys", torch.zeros(624, dtype=torch.int64)),
-                            "numpy.keys is the degenerate all-zero"),
-        "numpy.keys 33 bits": (set_word("numpy.keys", 5, 2**32), "numpy.keys holds values outside the 32-bit range"),
-        "numpy.keys shape": (setitem("numpy.keys", torch.zeros(623, dtype=torch.int64)),
-                             r"numpy.keys has shape \(623,\), expected \(624,\)"),
+        "numpy.has_gauss": (
+            setitem("numpy.has_gauss", torch.tensor(2)),
+            "numpy.has_gauss=2 must be 0 or 1",
+        ),
+        "numpy.cached_gaussian": (
+            setitem("numpy.cached_gaussian", torch.tensor(float("nan"), dtype=torch.float64)),
+            "numpy.cached_gaussian=nan must be a finite number",
+        ),
+        "numpy.keys zero": (
+            setitem("numpy.keys", torch.zeros(624, dtype=torch.int64)),
+            "numpy.keys is the degenerate all-zero",
+        ),
+        "numpy.keys 33 bits": (
+            set_word("numpy.keys", 5, 2**32),
+            "numpy.keys holds values outside the 32-bit range",
+        ),
+        "numpy.keys shape": (
+            setitem("numpy.keys", torch.zeros(623, dtype=torch.int64)),
+            r"numpy.keys has shape \(623,\), expected \(624,\)",
+        ),
         "python.version": (setitem("python.version", torch.tensor(99)), "python.version=99 must be 3"),
         "python.version 2": (setitem("python.version", torch.tensor(2)), "python.version=2 must be 3"),
-        "python pos": (set_word("python.internal", 624, 100000), r"python.internal\[624\] \(the position\) = 100000"),
-        "python pos negative": (set_word("python.internal", 624, -1), r"python.internal\[624\] \(the position\) = -1"),
-        "python word": (set_word("python.internal", 0, -5), "python.internal holds values outside the 32-bit range"),
+        "python pos": (
+            set_word("python.internal", 624, 100000),
+            r"python.internal\[624\] \(the position\) = 100000",
+        ),
+        "python pos negative": (
+            set_word("python.internal", 624, -1),
+            r"python.internal\[624\] \(the position\) = -1",
+        ),
+        "python word": (
+            set_word("python.internal", 0, -5),
+            "python.internal holds values outside the 32-bit range",
+        ),
         "python gauss flag": (setitem("python.has_gauss_next", torch.tensor(7)), "python.has_gauss_next=7"),
-        "python gauss": (setitem("python.gauss_next", torch.tensor(float("inf"), dtype=torch.float64)),
-                         "python.gauss_next=inf"),
-        "torch all zero": (lambda s: s.__setitem__("torch", torch.zeros_like(s["torch"])),
-                           r"torch refuses the state \(Invalid mt19937 state\)"),
+        "python gauss": (
+            setitem("python.gauss_next", torch.tensor(float("inf"), dtype=torch.float64)),
+            "python.gauss_next=inf",
+        ),
+        "torch all zero": (
+            lambda s: s.__setitem__("torch", torch.zeros_like(s["torch"])),
+            r"torch refuses the state \(Invalid mt19937 state\)",
+        ),
         "torch size": (lambda s: s.__setitem__("torch", s["torch"][:-8].clone()), "torch has 5048 bytes"),
-        "torch dtype": (lambda s: s.__setitem__("torch", s["torch"].to(torch.int64)), "torch must be a dense CPU torch.uint8"),
-        "unknown cuda key": (setitem("cuda.x", torch.zeros(16, dtype=torch.uint8)), r"unknown keys \['cuda.x'\]"),
-        "cuda key with zero": (setitem("cuda.01", torch.zeros(16, dtype=torch.uint8)), r"unknown keys \['cuda.01'\]"),
+        "torch dtype": (
+            lambda s: s.__setitem__("torch", s["torch"].to(torch.int64)),
+            "torch must be a dense CPU torch.uint8",
+        ),
+        "unknown cuda key": (
+            setitem("cuda.x", torch.zeros(16, dtype=torch.uint8)),
+            r"unknown keys \['cuda.x'\]",
+        ),
+        "cuda key with zero": (
+            setitem("cuda.01", torch.zeros(16, dtype=torch.uint8)),
+            r"unknown keys \['cuda.01'\]",
+        ),
         "unknown key": (setitem("extra", torch.zeros(1)), r"unknown keys \['extra'\]"),
         "int key": (setitem(3, torch.zeros(1)), r"unknown keys \['3'\]"),
-        "cuda size": (setitem("cuda.0", torch.zeros(8, dtype=torch.uint8)), "cuda.0 has 8 bytes, expected 16"),
-        "cuda offset": (setitem("cuda.0", torch.tensor([0] * 8 + [3] + [0] * 7, dtype=torch.uint8)),
-                        "cuda.0 has the Philox offset 3"),
-        "version": (setitem("ampnet_rng_version", torch.tensor(2)), "ampnet_rng_version=2: this ampnet reads version 1; upgrade"),
+        "cuda size": (
+            setitem("cuda.0", torch.zeros(8, dtype=torch.uint8)),
+            "cuda.0 has 8 bytes, expected 16",
+        ),
+        "cuda offset": (
+            setitem("cuda.0", torch.tensor([0] * 8 + [3] + [0] * 7, dtype=torch.uint8)),
+            "cuda.0 has the Philox offset 3",
+        ),
+        "version": (
+            setitem("ampnet_rng_version", torch.tensor(2)),
+            "ampnet_rng_version=2: this ampnet reads version 1; upgrade",
+        ),
         "version 0": (setitem("ampnet_rng_version", torch.tensor(0)), "ampnet_rng_version=0"),
         "not a tensor": (setitem("numpy.pos", 3), "numpy.pos must be a torch.int64 tensor, got int"),
     }
@@ -369,8 +460,13 @@ def test_numpy_pos_out_of_range_does_not_crash_the_process(tmp_path):
         "try:\n    net.load_params(f_rng_state={bad!r})\nexcept ValueError as e:\n    print('refused', e)\n"
         "print(numpy.random.rand())\n"
     ).format(root=str(Path(__file__).parents[1]), tests=str(Path(__file__).parent), bad=str(bad))
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "refused" in proc.stdout and "numpy.pos=1000000000 must lie in [0, 624]" in proc.stdout
 
@@ -393,7 +489,9 @@ def test_numpy_global_generator_of_another_kind(tmp_path, saved):
 # ---- 3. all or nothing ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("case", ["python.version=99", "python pos=100000", "cuda.x", "torch zero", "_overflow_streak"])
+@pytest.mark.parametrize(
+    "case", ["python.version=99", "python pos=100000", "cuda.x", "torch zero", "_overflow_streak"]
+)
 def test_probed_values_of_the_issue_are_refused_with_file_and_field(tmp_path, saved, case):
     """The five files that passed the checks and failed while being applied,
     after parameters, optimizer, history and scaler had changed."""
@@ -425,15 +523,19 @@ class Boom(RuntimeError):
 def _fail_partway(monkeypatch, net, where):
     """Make one apply step fail after it changed part of what it owns."""
     if where == "params":
+
         def load(state, *a, **k):
             with torch.no_grad():
                 net.module_.hidden.weight.fill_(7.0)
             raise Boom("disk gone")
+
         monkeypatch.setattr(net.module_, "load_state_dict", load)
     elif where == "optimizer":
+
         def load(state):
             net.optimizer_.param_groups[0]["lr"] = 123.0
             raise Boom("disk gone")
+
         monkeypatch.setattr(net.optimizer_, "load_state_dict", load)
     elif where == "scaler":
         real = net.grad_scaler_.load_state_dict
@@ -441,6 +543,7 @@ def _fail_partway(monkeypatch, net, where):
         def load(state):
             real(state)
             raise Boom("disk gone")
+
         monkeypatch.setattr(net.grad_scaler_, "load_state_dict", load)
     else:  # the RNG, last of all: torch's generator already set
         real = PreparedRngState.apply
@@ -449,6 +552,7 @@ def _fail_partway(monkeypatch, net, where):
             torch.set_rng_state(self.torch_state)
             np.random.set_state(self.numpy_state)
             raise Boom("disk gone")
+
         monkeypatch.setattr(PreparedRngState, "apply", apply)
         return real
 
@@ -458,11 +562,17 @@ def test_failure_while_applying_rolls_everything_back(saved, monkeypatch, where)
     net = tiny_net().initialize()
     quietly(net.partial_fit, *make_data())  # a net with state of its own
     _fail_partway(monkeypatch, net, where)
-    source = {"params": "f_params", "optimizer": "f_optimizer", "scaler": "f_grad_scaler",
-              "rng": "f_rng_state"}[where]
+    source = {
+        "params": "f_params",
+        "optimizer": "f_optimizer",
+        "scaler": "f_grad_scaler",
+        "rng": "f_rng_state",
+    }[where]
     before = snapshot(net)
-    with pytest.raises(ValueError, match="passed every check but could not be loaded .Boom: disk gone.. "
-                       "Everything was rolled back") as info:
+    with pytest.raises(
+        ValueError,
+        match="passed every check but could not be loaded .Boom: disk gone.. Everything was rolled back",
+    ) as info:
         net.load_params(**saved)
     info.match(re.escape(f"{source} file {saved[source]!r}"))
     assert differences(snapshot(net), before) == []
@@ -495,7 +605,7 @@ def _torch_loop(init_scale, epochs, data):
         for i in range(0, len(X), 16):
             opt.zero_grad()
             with torch.autocast("cpu", dtype=torch.float16):
-                loss = torch.nn.functional.nll_loss(torch.log(module(X[i:i + 16]).float()), y[i:i + 16])
+                loss = torch.nn.functional.nll_loss(torch.log(module(X[i : i + 16]).float()), y[i : i + 16])
             scaler.scale(loss).backward()
             scaler.step(opt)
             scaler.update()
@@ -504,13 +614,28 @@ def _torch_loop(init_scale, epochs, data):
 
 @pytest.mark.parametrize("kind", ["class", "instance"])
 def test_torch_gradscaler_trains_as_torchs_own_loop(data, kind):
-    grad_scaler = torch.amp.GradScaler if kind == "class" else torch.amp.GradScaler("cpu", init_scale=2.0**20, growth_interval=3)
-    kwargs = dict(grad_scaler__init_scale=2.0**20, grad_scaler__growth_interval=3) if kind == "class" else {}
+    grad_scaler = (
+        torch.amp.GradScaler
+        if kind == "class"
+        else torch.amp.GradScaler("cpu", init_scale=2.0**20, growth_interval=3)
+    )
+    kwargs = (
+        dict(grad_scaler__init_scale=2.0**20, grad_scaler__growth_interval=3) if kind == "class" else {}
+    )
     torch.manual_seed(0)
     net = AmpNetClassifier(
-        Tiny, amp_enabled=True, amp_dtype="float16", grad_scaler=grad_scaler, optimizer=torch.optim.Adam,
-        lr=0.05, batch_size=16, max_epochs=3, train_split=None, verbose=0,
-        criterion=torch.nn.NLLLoss, **kwargs,
+        Tiny,
+        amp_enabled=True,
+        amp_dtype="float16",
+        grad_scaler=grad_scaler,
+        optimizer=torch.optim.Adam,
+        lr=0.05,
+        batch_size=16,
+        max_epochs=3,
+        train_split=None,
+        verbose=0,
+        criterion=torch.nn.NLLLoss,
+        **kwargs,
     )
     quietly(net.fit, *data)
     module, scaler = _torch_loop(2.0**20, 3, data)
@@ -532,10 +657,18 @@ def test_torch_gradscaler_state_round_trips(tmp_path, data):
 # ---- 5. the scale stays within float32 ------------------------------------------------
 
 
-@pytest.mark.parametrize("name, value", [
-    ("min_scale", 1e-50), ("min_scale", 1e-39), ("max_scale", 1e39), ("init_scale", 1e39),
-    ("init_scale", 1e-40), ("growth_factor", 1e39), ("backoff_factor", 1e-50),
-])
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("min_scale", 1e-50),
+        ("min_scale", 1e-39),
+        ("max_scale", 1e39),
+        ("init_scale", 1e39),
+        ("init_scale", 1e-40),
+        ("growth_factor", 1e39),
+        ("backoff_factor", 1e-50),
+    ],
+)
 def test_scale_settings_outside_float32_are_refused(name, value):
     bounds = {"min_scale": 1e-45, "max_scale": 1e40} if name == "init_scale" else {}
     bounds = {k: v for k, v in bounds.items() if k != name}
@@ -552,8 +685,9 @@ def test_scale_settings_outside_float32_are_refused(name, value):
 
 
 def test_extreme_valid_settings_keep_the_scale_finite_and_positive():
-    up = GradScaler("cpu", init_scale=1e38, max_scale=FLOAT32_MAX, growth_factor=FLOAT32_MAX,
-                    growth_interval=1)
+    up = GradScaler(
+        "cpu", init_scale=1e38, max_scale=FLOAT32_MAX, growth_factor=FLOAT32_MAX, growth_interval=1
+    )
     down = GradScaler("cpu", init_scale=1e-30, min_scale=FLOAT32_TINY, backoff_factor=FLOAT32_TINY)
     param = torch.nn.Parameter(torch.ones(2))
     opt = torch.optim.SGD([param], lr=0.0)
@@ -571,8 +705,17 @@ def test_extreme_valid_settings_keep_the_scale_finite_and_positive():
 # ---- 6. numpy booleans ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", ["amp_enabled", "amp_master_weights", "amp_skip_nonfinite",
-                                  "grad_scaler__enabled", "grad_scaler__dynamic", "distributed"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "amp_enabled",
+        "amp_master_weights",
+        "amp_skip_nonfinite",
+        "grad_scaler__enabled",
+        "grad_scaler__dynamic",
+        "distributed",
+    ],
+)
 @pytest.mark.parametrize("value", [np.True_, np.False_])
 def test_numpy_booleans_are_accepted_for_every_bool_parameter(name, value):
     kwargs = {name: value}
@@ -593,8 +736,9 @@ def test_numpy_booleans_are_accepted_for_every_bool_parameter(name, value):
         assert net.grad_scaler_.get_settings()[name.split("__")[1]] is bool(value)
 
 
-@pytest.mark.parametrize("name", ["amp_enabled", "amp_master_weights", "amp_skip_nonfinite",
-                                  "grad_scaler__dynamic"])
+@pytest.mark.parametrize(
+    "name", ["amp_enabled", "amp_master_weights", "amp_skip_nonfinite", "grad_scaler__dynamic"]
+)
 def test_non_booleans_name_their_numpy_type(name):
     with pytest.raises((TypeError, ValueError), match=r"1 \(int64\)|np.int64\(1\) \(int64\)"):
         tiny_net(**{name: np.int64(1)}).initialize()
@@ -617,7 +761,9 @@ def test_two_spellings_of_one_file_are_refused(tmp_path, fitted, monkeypatch, se
         os.link("same.pt", "hard.pt")
         second = "hard.pt"
     listing = sorted(os.listdir(tmp_path))
-    with pytest.raises(ValueError, match=re.escape(f"same file for f_params='same.pt' and f_optimizer={second!r}")):
+    with pytest.raises(
+        ValueError, match=re.escape(f"same file for f_params='same.pt' and f_optimizer={second!r}")
+    ):
         fitted.save_params(f_params="same.pt", f_optimizer=second)
     assert (tmp_path / "same.pt").read_bytes() == b"old"
     assert sorted(os.listdir(tmp_path)) == listing
@@ -625,6 +771,7 @@ def test_two_spellings_of_one_file_are_refused(tmp_path, fitted, monkeypatch, se
 
 def test_one_file_object_for_two_files_is_refused(fitted):
     import io
+
     buffer = io.BytesIO()
     with pytest.raises(ValueError, match="same file for f_params=.* and f_history="):
         fitted.save_params(f_params=buffer, f_history=buffer)
@@ -638,11 +785,13 @@ def _optimizer_cases():
     def group(key, value):
         def change(s):
             s["param_groups"][0][key] = value
+
         return change
 
     def entry(key, value):
         def change(s):
             s["state"][0][key] = value(s["state"][0][key]) if callable(value) else value
+
         return change
 
     return {
@@ -650,18 +799,39 @@ def _optimizer_cases():
         "lr nan": (group("lr", float("nan")), r"param_groups\[0\]\['lr'\] must be a finite number"),
         "lr missing": (lambda s: s["param_groups"][0].pop("lr"), r"param_groups\[0\]\['lr'\] is missing"),
         "betas length": (group("betas", (0.9,)), r"param_groups\[0\]\['betas'\] must have 2 entries"),
-        "betas refused": (group("betas", (1.0, 0.999)), r"Adam refuses these settings \(Invalid beta parameter"),
-        "lr too large": (group("lr", 1e39), r"Adam fails to step with the saved settings and state "
-                         r"\(RuntimeError: value cannot be converted to type float without overflow"),
+        "betas refused": (
+            group("betas", (1.0, 0.999)),
+            r"Adam refuses these settings \(Invalid beta parameter",
+        ),
+        "lr too large": (
+            group("lr", 1e39),
+            r"Adam fails to step with the saved settings and state "
+            r"\(RuntimeError: value cannot be converted to type float without overflow",
+        ),
         "flag type": (group("amsgrad", "yes"), r"param_groups\[0\]\['amsgrad'\] must be True or False"),
         "initial_lr": (group("initial_lr", "x"), r"param_groups\[0\]\['initial_lr'\] must be a number"),
         "unknown group key": (group("fuzz", [1, 2]), r"param_groups\[0\]\['fuzz'\] = \[1, 2\]"),
         "param id": (lambda s: s["param_groups"][0]["params"].__setitem__(0, "a"), "is not a new int id"),
-        "exp_avg shape": (entry("exp_avg", torch.zeros(3, 3)), r"state\[0\]\['exp_avg'\] has shape \(3, 3\)"),
-        "exp_avg broadcast": (entry("exp_avg", torch.zeros(1, 4)), r"state\[0\]\['exp_avg'\] has shape \(1, 4\), expected \(8, 4\)"),
-        "exp_avg str": (entry("exp_avg", "x"), r"state\[0\]\['exp_avg'\] must be a tensor like the optimizer's own"),
-        "exp_avg nan": (entry("exp_avg", lambda t: torch.full_like(t, float("nan"))), r"state\[0\]\['exp_avg'\] holds NaN"),
-        "exp_avg missing": (lambda s: s["state"][0].pop("exp_avg"), r"state\[0\] lacks 'exp_avg', which Adam needs"),
+        "exp_avg shape": (
+            entry("exp_avg", torch.zeros(3, 3)),
+            r"state\[0\]\['exp_avg'\] has shape \(3, 3\)",
+        ),
+        "exp_avg broadcast": (
+            entry("exp_avg", torch.zeros(1, 4)),
+            r"state\[0\]\['exp_avg'\] has shape \(1, 4\), expected \(8, 4\)",
+        ),
+        "exp_avg str": (
+            entry("exp_avg", "x"),
+            r"state\[0\]\['exp_avg'\] must be a tensor like the optimizer's own",
+        ),
+        "exp_avg nan": (
+            entry("exp_avg", lambda t: torch.full_like(t, float("nan"))),
+            r"state\[0\]\['exp_avg'\] holds NaN",
+        ),
+        "exp_avg missing": (
+            lambda s: s["state"][0].pop("exp_avg"),
+            r"state\[0\] lacks 'exp_avg', which Adam needs",
+        ),
         "step str": (entry("step", "x"), r"state\[0\]\['step'\] must be a number or a one-element tensor"),
         "stray state": (lambda s: s["state"].__setitem__(99, {}), r"state\[99\] belongs to no parameter"),
         "extra key": (lambda s: s.__setitem__("extra", 1), r"unknown keys \['extra'\]"),
@@ -675,8 +845,12 @@ def test_invalid_optimizer_file_is_refused_naming_the_field(tmp_path, saved, cas
     change(state)
     bad = str(tmp_path / "opt.pt")
     torch.save(state, bad)
-    refused_unchanged(tiny_net().initialize(), {**saved, "f_optimizer": bad}, problem,
-                      re.escape(f"f_optimizer file {bad!r}"))
+    refused_unchanged(
+        tiny_net().initialize(),
+        {**saved, "f_optimizer": bad},
+        problem,
+        re.escape(f"f_optimizer file {bad!r}"),
+    )
 
 
 def test_optimizer_state_from_an_older_torch_loads(tmp_path, saved):
@@ -694,40 +868,63 @@ def test_optimizer_state_from_an_older_torch_loads(tmp_path, saved):
     quietly(net.partial_fit, *make_data())
 
 
-@pytest.mark.parametrize("rows, problem", [
-    ([{"epoch": "x"}], r"in row 0, 'epoch' must be an int greater than the previous row's \(0\), got 'x'"),
-    ([{"epoch": 2}, {"epoch": 2}], r"in row 1, 'epoch' must be an int greater than the previous row's \(2\)"),
-    ([{"epoch": True}], "'epoch' must be an int"),
-    ([{"epoch": 1, "batches": {}}], "'batches' must be a list of dicts"),
-    ([{"epoch": 1, "batches": [1]}], "'batches' must be a list of dicts"),
-    ([{"epoch": 1, "train_batch_count": "x"}], "'train_batch_count' must be an int >= 0"),
-    ([{"epoch": 1, "valid_loss_best": 1}], "'valid_loss_best' must be true or false"),
-    ([{"epoch": 1, "batches": [{"train_batch_size": 2, "batch_size": "x"}]}], "batch 0: 'batch_size' must be a number"),
-    ([{"epoch": 1, "dur": None}], "'dur' must be a number"),
-    ({"epoch": 1}, "expected a JSON list of epoch dicts, got dict"),
-])
+@pytest.mark.parametrize(
+    "rows, problem",
+    [
+        (
+            [{"epoch": "x"}],
+            r"in row 0, 'epoch' must be an int greater than the previous row's \(0\), got 'x'",
+        ),
+        (
+            [{"epoch": 2}, {"epoch": 2}],
+            r"in row 1, 'epoch' must be an int greater than the previous row's \(2\)",
+        ),
+        ([{"epoch": True}], "'epoch' must be an int"),
+        ([{"epoch": 1, "batches": {}}], "'batches' must be a list of dicts"),
+        ([{"epoch": 1, "batches": [1]}], "'batches' must be a list of dicts"),
+        ([{"epoch": 1, "train_batch_count": "x"}], "'train_batch_count' must be an int >= 0"),
+        ([{"epoch": 1, "valid_loss_best": 1}], "'valid_loss_best' must be true or false"),
+        (
+            [{"epoch": 1, "batches": [{"train_batch_size": 2, "batch_size": "x"}]}],
+            "batch 0: 'batch_size' must be a number",
+        ),
+        ([{"epoch": 1, "dur": None}], "'dur' must be a number"),
+        ({"epoch": 1}, "expected a JSON list of epoch dicts, got dict"),
+    ],
+)
 def test_invalid_history_is_refused(tmp_path, saved, rows, problem):
     bad = tmp_path / "h.json"
     bad.write_text(json.dumps(rows))
-    refused_unchanged(tiny_net().initialize(), {**saved, "f_history": str(bad)}, problem,
-                      re.escape(f"f_history file {str(bad)!r}"))
+    refused_unchanged(
+        tiny_net().initialize(),
+        {**saved, "f_history": str(bad)},
+        problem,
+        re.escape(f"f_history file {str(bad)!r}"),
+    )
 
 
 @pytest.mark.parametrize("depth", [70, 100000])
 def test_deeply_nested_history_raises_value_error_not_recursion_error(tmp_path, saved, depth):
     bad = tmp_path / "h.json"
     bad.write_text("[" * depth + "]" * depth)
-    refused_unchanged(tiny_net().initialize(), {**saved, "f_history": str(bad)},
-                      "is not a JSON history.*nested", re.escape(str(bad)))
+    refused_unchanged(
+        tiny_net().initialize(),
+        {**saved, "f_history": str(bad)},
+        "is not a JSON history.*nested",
+        re.escape(str(bad)),
+    )
 
 
-@pytest.mark.parametrize("case, problem", [
-    ("nan weight", "parameter hidden.weight holds NaN or inf values"),
-    ("inf bias", "parameter out.bias holds NaN or inf values"),
-    ("int weight", r"hidden.weight holds torch.int64 values, the net torch.float32 \(floating\)"),
-    ("not a tensor", "hidden.weight is a list instead of a tensor"),
-    ("sparse", "hidden.weight is a torch.sparse_coo tensor instead of a dense one"),
-])
+@pytest.mark.parametrize(
+    "case, problem",
+    [
+        ("nan weight", "parameter hidden.weight holds NaN or inf values"),
+        ("inf bias", "parameter out.bias holds NaN or inf values"),
+        ("int weight", r"hidden.weight holds torch.int64 values, the net torch.float32 \(floating\)"),
+        ("not a tensor", "hidden.weight is a list instead of a tensor"),
+        ("sparse", "hidden.weight is a torch.sparse_coo tensor instead of a dense one"),
+    ],
+)
 def test_invalid_parameters_are_refused(tmp_path, saved, case, problem):
     state = torch.load(saved["f_params"], weights_only=True)
     if case == "nan weight":
@@ -742,8 +939,9 @@ def test_invalid_parameters_are_refused(tmp_path, saved, case, problem):
         state["hidden.weight"] = state["hidden.weight"].to_sparse()
     bad = str(tmp_path / "p.pt")
     torch.save(state, bad)
-    refused_unchanged(tiny_net().initialize(), {**saved, "f_params": bad}, problem,
-                      re.escape(f"f_params file {bad!r}"))
+    refused_unchanged(
+        tiny_net().initialize(), {**saved, "f_params": bad}, problem, re.escape(f"f_params file {bad!r}")
+    )
 
 
 class Masked(Tiny):
@@ -766,7 +964,9 @@ def test_buffers_may_hold_inf_where_the_module_does(tmp_path):
     state = torch.load(tmp_path / "p.pt", weights_only=True)
     state["norm.running_var"][0] = float("nan")
     torch.save(state, tmp_path / "bad.pt")
-    refused_unchanged(other, {"f_params": str(tmp_path / "bad.pt")}, "buffer norm.running_var holds NaN or inf")
+    refused_unchanged(
+        other, {"f_params": str(tmp_path / "bad.pt")}, "buffer norm.running_var holds NaN or inf"
+    )
 
 
 def _step_lr():
@@ -785,14 +985,19 @@ def scheduler_checkpoint(tmp_path, data):
     return cp
 
 
-@pytest.mark.parametrize("change, problem", [
-    (lambda st: st.__setitem__("last_epoch", "x"), r"\['last_epoch'\] must be a number, got 'x'"),
-    (lambda st: st.__setitem__("base_lrs", [0.1, 0.2]), r"\['base_lrs'\] must have 1 entries"),
-    (lambda st: st.__setitem__("step", 5), r"holds keys \['step'\] that the scheduler does not have"),
-    (lambda st: st.__setitem__("optimizer", 5), r"the keys \['optimizer'\] are not scheduler state"),
-])
+@pytest.mark.parametrize(
+    "change, problem",
+    [
+        (lambda st: st.__setitem__("last_epoch", "x"), r"\['last_epoch'\] must be a number, got 'x'"),
+        (lambda st: st.__setitem__("base_lrs", [0.1, 0.2]), r"\['base_lrs'\] must have 1 entries"),
+        (lambda st: st.__setitem__("step", 5), r"holds keys \['step'\] that the scheduler does not have"),
+        (lambda st: st.__setitem__("optimizer", 5), r"the keys \['optimizer'\] are not scheduler state"),
+    ],
+)
 @pytest.mark.parametrize("path", ["LoadInitState", "load_params"])
-def test_invalid_scheduler_state_is_refused_before_anything_loads(scheduler_checkpoint, change, problem, path):
+def test_invalid_scheduler_state_is_refused_before_anything_loads(
+    scheduler_checkpoint, change, problem, path
+):
     target = os.path.join(scheduler_checkpoint.dirname, "lr_schedulers.json")
     data = json.loads(Path(target).read_text())
     change(data["schedulers"]["LRScheduler"]["state"])
@@ -819,7 +1024,9 @@ def test_checkpoint_without_scheduler_resumes_with_one(tmp_path, data):
     quietly(tiny_net(callbacks=[cp], max_epochs=1).fit, *data)
     cp2 = Checkpoint(monitor=None, dirname=str(tmp_path / "cp"))
     net = _scheduler_net(max_epochs=3, callbacks=[LoadInitState(cp2), _step_lr()])
-    with pytest.warns(AmpWarning, match="it does not save|does not exist|Learning-rate schedulers not restored"):
+    with pytest.warns(
+        AmpWarning, match="it does not save|does not exist|Learning-rate schedulers not restored"
+    ):
         quietly(net.fit, *data)
     assert len(net.history) == 4  # one loaded epoch, three new ones
     assert net.optimizer_.param_groups[0]["initial_lr"] == 0.05
@@ -846,7 +1053,8 @@ def test_files_swapped_from_another_run_are_refused_before_anything_changes(tmp_
     quietly(net.partial_fit, *data)
     before = snapshot(net)
     problems = {
-        "f_params": r"does not match net.module_: shape mismatch hidden.weight: \(12, 4\) in the file, \(8, 4\)",
+        "f_params": r"does not match net.module_: shape mismatch hidden.weight: "
+        r"\(12, 4\) in the file, \(8, 4\)",
         "f_optimizer": r"does not match net.optimizer_: state\[0\]\['exp_avg'\] has shape \(12, 4\)",
         "f_grad_scaler": "holds an empty loss-scaler state",
     }
@@ -873,8 +1081,11 @@ def test_precision_report_of_an_empty_x(fitted, data):
 @pytest.mark.parametrize("device", ["mps", "xla", "xpu", "xla:1"])
 def test_unavailable_backends_get_ampnets_value_error(device):
     backend = device.split(":")[0]
-    with pytest.raises(ValueError, match=rf"amp_enabled=True with device='{device}' \(str\), but the "
-                       rf"'{backend}' backend is not available on this machine .*Fix: set device='cpu'"):
+    with pytest.raises(
+        ValueError,
+        match=rf"amp_enabled=True with device='{device}' \(str\), but the "
+        rf"'{backend}' backend is not available on this machine .*Fix: set device='cpu'",
+    ):
         tiny_net(device=device, amp_dtype="auto").initialize()
 
 
@@ -905,7 +1116,9 @@ def _checkpoint_bytes(dirname):
 
 
 @pytest.mark.parametrize("room", [0, 1000])
-def test_disk_full_during_a_checkpoint_names_the_file_and_keeps_the_old_one(tmp_path, fitted, monkeypatch, room):
+def test_disk_full_during_a_checkpoint_names_the_file_and_keeps_the_old_one(
+    tmp_path, fitted, monkeypatch, room
+):
     cp = Checkpoint(monitor=None, dirname=str(tmp_path), event_name=None)
     cp.initialize()
     cp.save_model(fitted)
@@ -942,8 +1155,9 @@ def _save_with_file_size_limit(net, cp, limit, out):  # runs in a forked child
         out.put((type(exc).__name__, exc.errno, str(exc)))
 
 
-@pytest.mark.skipif(not hasattr(os, "fork") or not hasattr(signal, "SIGXFSZ"),
-                    reason="needs fork and RLIMIT_FSIZE")
+@pytest.mark.skipif(
+    not hasattr(os, "fork") or not hasattr(signal, "SIGXFSZ"), reason="needs fork and RLIMIT_FSIZE"
+)
 def test_a_real_write_error_names_the_file(tmp_path, fitted):
     """The kernel refuses to grow a file beyond RLIMIT_FSIZE (EFBIG), as it
     refuses to write on a full disk (ENOSPC)."""
@@ -962,3 +1176,138 @@ def test_a_real_write_error_names_the_file(tmp_path, fitted):
     assert re.search(r"Could not write '.*\.(pt|json)': File too large", text)
     assert "the previous files are unchanged" in text
     assert _checkpoint_bytes(tmp_path) == old
+
+
+# ---- the trust model of the README ------------------------------------------------------
+
+
+class _RunsCode:
+    """A pickle that creates a file when it is unpickled."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (Path.touch, (Path(self.path),))
+
+
+@pytest.mark.parametrize("key", ["f_optimizer", "f_criterion", "f_lr_schedulers"])
+def test_malicious_optimizer_criterion_and_scheduler_files_run_no_code(tmp_path, key):
+    marker = tmp_path / "code-ran"
+    bad = str(tmp_path / "evil.pt")
+    torch.save({"state": _RunsCode(marker), "param_groups": []}, bad)
+    problem = (
+        "is not a JSON file of scheduler states"
+        if key == "f_lr_schedulers"
+        else "which a safe load refuses"
+    )
+    refused_unchanged(tiny_net().initialize(), {key: bad}, problem, re.escape(bad))
+    assert not marker.exists()
+
+
+def test_weights_only_false_is_the_users_own_risk(tmp_path):
+    """With torch_load_kwargs={'weights_only': False} a parameter file runs
+    code while it is read, as the README warns."""
+    marker = tmp_path / "code-ran"
+    bad = str(tmp_path / "evil.pt")
+    torch.save({"hidden.weight": _RunsCode(marker)}, bad)
+    net = tiny_net(torch_load_kwargs={"weights_only": False}).initialize()
+    with pytest.raises(ValueError, match="does not match net.module_"):
+        net.load_params(f_params=bad)
+    assert marker.exists()
+
+
+def test_f_pickle_is_never_read_by_a_load(tmp_path, fitted):
+    cp = Checkpoint(monitor=None, dirname=str(tmp_path), f_pickle="net.pkl", event_name=None)
+    cp.initialize()
+    cp.save_model(fitted)
+    marker = tmp_path / "code-ran"
+    with open(tmp_path / "net.pkl", "wb") as f:
+        pickle.dump(_RunsCode(marker), f)
+    net = tiny_net().initialize()
+    net.load_params(checkpoint=cp)
+    LoadInitState(cp).initialize().on_train_begin(tiny_net().initialize())
+    assert not marker.exists()
+    assert differences(net.module_.state_dict(), fitted.module_.state_dict()) == []
+    with open(tmp_path / "net.pkl", "rb") as f:
+        pickle.load(f)  # unpickling it yourself runs its code
+    assert marker.exists()
+
+
+def test_plausible_weights_of_the_right_shape_load_as_they_are(tmp_path, saved, data):
+    """Values of the right type, shape and range are not judged: the weights
+    of another run of the same model load."""
+    torch.manual_seed(1)
+    other = tiny_net(max_epochs=1)
+    quietly(other.fit, *data)
+    other.save_params(f_params=str(tmp_path / "other.pt"))
+    net = tiny_net().initialize()
+    net.load_params(**{**saved, "f_params": str(tmp_path / "other.pt")})
+    assert differences(net.module_.state_dict(), other.module_.state_dict()) == []
+
+
+@pytest.mark.parametrize(
+    "field, value, problem",
+    [
+        ("scale", 1e39, r"'scale' = 1e\+39 lies outside float32's normal positive range"),
+        (
+            "min_scale",
+            1e-50,
+            r"'min_scale' = 1e-50 \(float\): must lie within float32's normal positive range",
+        ),
+        ("growth_interval", 2.5, r"'growth_interval' = 2.5 \(float\): must be an int >= 1"),
+        ("backoff_factor", "x", r"'backoff_factor' = 'x' \(str\): must be a number in \(0, 1\)"),
+        ("dynamic", 1, r"'dynamic' = 1 \(int\): must be True or False"),
+        (
+            "_growth_tracker",
+            2**40,
+            r"'_growth_tracker' = 1099511627776 \(int\) must be an int in \[0, 2\*\*31 - 1\]",
+        ),
+        ("ampnet_scaler_version", 7, "format version 7 is newer than this ampnet reads"),
+        (3, 1, r"keys \['3'\] are not strings"),
+    ],
+)
+def test_invalid_scaler_field_is_refused(tmp_path, saved, field, value, problem):
+    state = torch.load(saved["f_grad_scaler"], weights_only=True)
+    state[field] = value
+    bad = str(tmp_path / "s.pt")
+    torch.save(state, bad)
+    refused_unchanged(
+        tiny_net().initialize(),
+        {**saved, "f_grad_scaler": bad},
+        problem,
+        re.escape(f"f_grad_scaler file {bad!r}"),
+    )
+
+
+def test_failure_while_restoring_schedulers_rolls_everything_back(scheduler_checkpoint, monkeypatch):
+    net = _scheduler_net().initialize()
+    cb = dict(net.callbacks_)["LRScheduler"]
+    cb.on_train_begin(net)  # running, as during training
+    scheduler = cb.lr_scheduler_
+    real = scheduler.load_state_dict
+
+    def load(state):
+        real(state)
+        raise Boom("disk gone")
+
+    monkeypatch.setattr(scheduler, "load_state_dict", load)
+    before = snapshot(net), copy.deepcopy(scheduler.state_dict()), cb.batch_idx_
+    with pytest.raises(
+        ValueError,
+        match="f_lr_schedulers file .* could not be loaded .Boom: disk gone.. Everything was rolled back",
+    ):
+        net.load_params(checkpoint=scheduler_checkpoint)
+    after = snapshot(net), scheduler.state_dict(), cb.batch_idx_
+    assert differences(after, before) == []
+
+
+@pytest.mark.parametrize("key", ["f_grad_scaler", "f_rng_state"])
+def test_scaler_and_rng_files_are_always_read_safely(tmp_path, key):
+    """Even with torch_load_kwargs={'weights_only': False}."""
+    marker = tmp_path / "code-ran"
+    bad = str(tmp_path / "evil.pt")
+    torch.save({"scale": _RunsCode(marker)}, bad)
+    net = tiny_net(torch_load_kwargs={"weights_only": False}).initialize()
+    refused_unchanged(net, {key: bad}, "which a safe load refuses")
+    assert not marker.exists()
