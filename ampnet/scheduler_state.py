@@ -122,8 +122,9 @@ def _state_problem(reference: dict[str, Any], state: dict[str, Any], path: str) 
 
 
 def _scratch_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-    """An optimizer of the same class and hyper-parameters over one scalar
-    per group, to build a scratch scheduler on."""
+    """An optimizer with the same hyper-parameters over one scalar per group,
+    to build a scratch scheduler on: of the same class for ``torch.optim``
+    optimizers, an SGD otherwise (a user's class is not run for a check)."""
     groups = [
         {
             **{k: copy.deepcopy(v) for k, v in group.items() if k not in ("params", "param_names")},
@@ -131,7 +132,14 @@ def _scratch_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimize
         }
         for group in optimizer.param_groups
     ]
-    return type(optimizer)(groups)
+    cls = type(optimizer)
+    if not cls.__module__.startswith("torch.optim"):
+        cls = torch.optim.SGD
+        groups = [
+            {k: v for k, v in group.items() if k in ("params", "lr", "initial_lr", "momentum")}
+            for group in groups
+        ]
+    return cls(groups)
 
 
 def _reference_state(net: Any, cb: LRScheduler) -> tuple[str, dict[str, Any]] | None:

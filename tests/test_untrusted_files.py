@@ -1311,3 +1311,35 @@ def test_scaler_and_rng_files_are_always_read_safely(tmp_path, key):
     net = tiny_net(torch_load_kwargs={"weights_only": False}).initialize()
     refused_unchanged(net, {key: bad}, "which a safe load refuses")
     assert not marker.exists()
+
+
+class CountingAdam(torch.optim.Adam):
+    """A user's optimizer class (outside torch.optim) that counts its instances."""
+
+    made = 0
+
+    def __init__(self, *args, **kwargs):
+        type(self).made += 1
+        super().__init__(*args, **kwargs)
+
+
+def test_checks_never_build_a_users_optimizer(scheduler_checkpoint):
+    """The scheduler check builds its scratch scheduler on an SGD, and the
+    optimizer check steps no scratch copy of a class outside torch.optim;
+    both still refuse what they check."""
+    target = os.path.join(scheduler_checkpoint.dirname, "lr_schedulers.json")
+    data = json.loads(Path(target).read_text())
+    data["schedulers"]["LRScheduler"]["state"]["last_epoch"] = "x"
+    Path(target).write_text(json.dumps(data))
+    net = _scheduler_net(optimizer=CountingAdam).initialize()
+    made = CountingAdam.made
+    before = snapshot(net)
+    with pytest.raises(ValueError, match=r"\['last_epoch'\] must be a number, got 'x'"):
+        LoadInitState(scheduler_checkpoint).initialize().on_train_begin(net)
+    assert differences(snapshot(net), before) == []
+    state = torch.load(os.path.join(scheduler_checkpoint.dirname, "optimizer.pt"), weights_only=True)
+    state["param_groups"][0]["lr"] = "x"
+    torch.save(state, os.path.join(scheduler_checkpoint.dirname, "optimizer.pt"))
+    with pytest.raises(ValueError, match=r"param_groups\[0\]\['lr'\] must be a number"):
+        net.load_params(f_optimizer=os.path.join(scheduler_checkpoint.dirname, "optimizer.pt"))
+    assert CountingAdam.made == made
