@@ -51,7 +51,9 @@ AMP_DOC = """
       parameters (``init_scale``, ``growth_factor``, ``backoff_factor``,
       ``growth_interval``, ``min_scale``, ``max_scale``, ``hysteresis``,
       ``dynamic``, ``enabled``). It is enabled for float16 only, unless
-      ``grad_scaler__enabled`` says otherwise.
+      ``grad_scaler__enabled`` says otherwise. ``torch.amp.GradScaler``
+      works too (its own settings; no bounds or hysteresis; it costs a
+      second host read per step, for the new scale).
 
     gradient_accumulation_steps : int (default=1)
       Micro-batches whose gradients are summed before one optimizer step.

@@ -254,7 +254,16 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
                 print(self._format_reinit_msg("grad_scaler", dict.fromkeys(reasons)))
             scaler = build_scaler(settings)
         elif scaler_kw:
-            scaler.set_settings(**{k: settings.scaler_kwargs[k] for k in scaler_kw})
+            live = {k: settings.scaler_kwargs[k] for k in scaler_kw}
+            if isinstance(scaler, GradScaler):
+                scaler.set_settings(**live)
+            else:  # torch's own scaler: its setters, or a new one
+                for name, value in live.items():
+                    setter = getattr(scaler, f"set_{name}", None)
+                    if setter is None or not scaler.is_enabled():
+                        scaler = build_scaler(settings)
+                        break
+                    setter(value)
         new = Precision.build(settings, scaler)
         if relayout and isinstance(self.__dict__.get("module_"), torch.nn.Module):
             self._relayout(prec, new, [k for k in changed if k in LAYOUT_PARAMS])
@@ -426,7 +435,8 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         scaler = self.grad_scaler_
         if scaler.is_enabled() and scaler._per_optimizer_states:
             scaler._per_optimizer_states.clear()
-        scaler.scaled_in_step = False
+        if isinstance(scaler, GradScaler):
+            scaler.scaled_in_step = False
         state = self.amp_step_state_
         state.micro_batches = 0
         state.scale = None

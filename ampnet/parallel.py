@@ -29,7 +29,7 @@ from skorch.callbacks import TrainEndCheckpoint as SkorchTrainEndCheckpoint
 from skorch.dataset import unpack_data
 from torch.utils.data import DistributedSampler
 
-from ampnet.precision.policy import describe
+from ampnet.validation import describe, is_bool
 
 __all__ = ["Parallel", "DataParallel", "build_parallel"]
 
@@ -256,7 +256,9 @@ def build_parallel(net: Any, closure: bool) -> Parallel:
       outside ``module_``.
     """
     mode = net.distributed
-    if mode not in ("auto", True, False) or not isinstance(mode, (str, bool)):
+    if is_bool(mode):
+        mode = bool(mode)
+    elif mode != "auto" or not isinstance(mode, str):
         raise ValueError(
             f"distributed must be 'auto', True or False; got {describe(mode)}. 'auto' turns it "
             "on when a torch.distributed process group is initialized."

@@ -25,7 +25,7 @@ from skorch.utils import TeeGenerator
 
 from ampnet._tree import has_nonfinite
 from ampnet.exceptions import AmpDivergenceError, AmpStateError, AmpWarning
-from ampnet.precision.policy import describe
+from ampnet.validation import describe
 
 __all__ = [
     "StepState",
@@ -93,7 +93,7 @@ def train_step(net: Any, batch: Any, **fit_params: Any) -> dict[str, Any]:
         return step
 
     # 4. unscale once and check, on the device
-    if prec.scaling and not prec.scaler.scaled_in_step:
+    if prec.scaling and not getattr(prec.scaler, "scaled_in_step", True):
         raise AmpStateError(
             "Loss scaling is active, but no loss was scaled in this step: an "
             "override of train_step_single probably called loss.backward() "

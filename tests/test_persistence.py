@@ -335,7 +335,7 @@ def test_save_killed_between_renames_is_completed_on_load(tmp_path, fitted, monk
 
 def test_foreign_journal_raises(tmp_path):
     (tmp_path / JOURNAL_NAME).write_text("not json")
-    with pytest.raises(ValueError, match="is not a readable ampnet journal"):
+    with pytest.raises(ValueError, match="is not an ampnet journal: it is not UTF-8 JSON"):
         recover([str(tmp_path)])
 
 

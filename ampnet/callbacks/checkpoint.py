@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import os
 import warnings
+from numbers import Real
 from typing import Any, Callable
 
 from skorch.callbacks import LRScheduler
@@ -29,7 +30,11 @@ from skorch.utils import noop
 from ampnet.io.atomic import is_path
 from ampnet.exceptions import AmpWarning
 from ampnet.io.persistence import PersistenceMixin, checkpoint_files, resolve_checkpoint
-from ampnet.io.schedulers import read_lr_scheduler_states, restore_lr_schedulers
+from ampnet.io.schedulers import (
+    check_lr_scheduler_states,
+    read_lr_scheduler_states,
+    restore_lr_schedulers,
+)
 
 __all__ = ["Checkpoint", "TrainEndCheckpoint", "LoadInitState"]
 
@@ -236,10 +241,19 @@ class LoadInitState(SkorchLoadInitState):
         if target is not None and (not is_path(target) or os.path.exists(target)):
             # read and checked before anything loads; restored once the
             # schedulers exist (on_epoch_begin)
-            schedulers = read_lr_scheduler_states(target, f"f_lr_schedulers file {target!r}")
+            source = f"f_lr_schedulers file {target!r}"
+            schedulers = (read_lr_scheduler_states(target, source), source)
+            check_lr_scheduler_states(net, *schedulers)
             checkpoint = copy.copy(checkpoint)
             checkpoint.f_lr_schedulers = None
         net.load_params(checkpoint=checkpoint, use_safetensors=self.use_safetensors)
+        if any(isinstance(cb, LRScheduler) for _, cb in net.callbacks_):
+            # skorch rebuilds the schedulers as resumed (last_epoch >= 0), which
+            # torch allows only with 'initial_lr' in every group; a checkpoint
+            # saved without a scheduler lacks it: start from the loaded lr
+            for name in net._optimizers:
+                for group in getattr(net, name + "_").param_groups:
+                    group.setdefault("initial_lr", group["lr"])
         _restore_best_scores(net)
         groups = {
             name: [
@@ -261,7 +275,7 @@ class LoadInitState(SkorchLoadInitState):
             for group, values in zip(getattr(net, name + "_").param_groups, saved):
                 group.update(values)
         if schedulers is not None:
-            notes = restore_lr_schedulers(net, schedulers)
+            notes = restore_lr_schedulers(net, *schedulers)
             if notes:
                 warnings.warn(
                     "Learning-rate schedulers not restored: " + "; ".join(notes) + ".",
@@ -292,6 +306,7 @@ def _restore_best_scores(net: Any) -> None:
         if not isinstance(name, str):
             continue
         for row in reversed(net.history):
-            if row.get(f"{name}_best") is True and name in row:
-                cb.best_score_ = row[name]
+            score = row.get(name)
+            if row.get(f"{name}_best") is True and isinstance(score, Real) and not isinstance(score, bool):
+                cb.best_score_ = score
                 break

@@ -11,18 +11,38 @@ leaves a journal that :func:`recover` completes (it is called before every
 save and every load), so a reader sees either the whole old group or the
 whole new one, never a mix.
 
+A journal is untrusted input (a checkpoint folder may come from anywhere):
+each one lists only renames inside its own directory, from an ampnet
+temporary file (``.<name>.<12 hex digits>.ampnet-tmp``) to ``<name>``.
+:func:`recover` checks the whole journal before it touches anything and
+refuses any other entry (absolute paths, ``..``, separators, symbolic
+links, other names) with a ValueError naming the journal. A group that
+spans several directories is therefore committed directory by directory:
+each directory holds its whole old or whole new files.
+
+Write errors (a full disk) raise an OSError naming the target file; the
+old files are then unchanged.
+
 Assumes one writer per directory at a time, as a checkpoint has.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import re
+import stat
 import uuid
 from typing import Any, Callable, Iterable, Mapping
 
-__all__ = ["atomic_write_group", "recover", "is_path", "TEMP_SUFFIX", "JOURNAL_NAME"]
+from ampnet.validation import MAX_DEPTH, describe, nesting_depth
+
+__all__ = [
+    "atomic_write_group", "recover", "is_path", "read_json", "same_file_key", "TEMP_SUFFIX",
+    "JOURNAL_NAME",
+]
 
 #: Suffix of the temporary files (``.<name>.<random>.ampnet-tmp``).
 TEMP_SUFFIX = ".ampnet-tmp"
@@ -31,6 +51,13 @@ TEMP_SUFFIX = ".ampnet-tmp"
 JOURNAL_NAME = ".ampnet-journal.json"
 
 _JOURNAL_VERSION = 1
+
+#: A journal lists a few renames; anything larger is not one of ampnet's.
+_JOURNAL_MAX_BYTES = 1 << 20
+
+_JOURNAL_KEYS = ("ampnet_journal_version", "moves", "journals")
+
+_TEMP_NAME = re.compile(r"\.(?P<base>.+)\.[0-9a-f]{12}" + re.escape(TEMP_SUFFIX), re.DOTALL)
 
 Writer = Callable[[str], None]
 
@@ -42,20 +69,47 @@ def is_path(target: Any) -> bool:
 
 
 def read_json(target: Any, source: str, what: str) -> Any:
-    """Parse JSON from a path or an open text file.
+    """Parse JSON from a path or an open file, nested at most
+    :data:`ampnet.validation.MAX_DEPTH` levels deep.
 
     Raises
     ------
     ValueError
-      ``"{source} is not {what} (...)"`` for unparsable content.
+      ``"{source} is not {what} (...)"`` for content that is not UTF-8 JSON
+      or is nested too deeply.
     """
     try:
         if is_path(target):
-            with open(target, encoding="utf-8") as f:
-                return json.load(f)
-        return json.load(target)
-    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
+            with open(target, "rb") as f:
+                data = json.load(f)
+        else:
+            data = json.load(target)
+    except (ValueError, RecursionError) as exc:  # also UnicodeDecodeError
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise ValueError(f"{source} is not {what} ({reason}).") from exc
+    except TypeError as exc:  # a file object that yields neither str nor bytes
         raise ValueError(f"{source} is not {what} ({exc}).") from exc
+    if nesting_depth(data) > MAX_DEPTH:
+        raise ValueError(
+            f"{source} is not {what}: its lists and dicts are nested more than "
+            f"{MAX_DEPTH} levels deep, which ampnet never writes."
+        )
+    return data
+
+
+def _write_error(target: str, exc: OSError) -> OSError:
+    """An OSError that names ``target`` and the cause of ``exc``."""
+    cause = exc.strerror or str(exc) or type(exc).__name__
+    if exc.errno == errno.ENOSPC:
+        cause = "the disk is full (" + cause + ")"
+    error = OSError(
+        exc.errno,
+        f"Could not write {target!r}: {cause}. Nothing of this save was committed; "
+        "the previous files are unchanged. Fix: free space or choose another directory, "
+        "then save again",
+        target,
+    )
+    return error
 
 
 def _fsync_file(path: str) -> None:
@@ -91,13 +145,18 @@ def _remove_quietly(path: str) -> None:
         os.remove(path)
 
 
-def _write_journal(directory: str, moves: list[tuple[str, str]], journals: list[str]) -> str:
+def _write_journal(directory: str, moves: list[tuple[str, str]]) -> str:
+    """Write the journal of the renames in ``directory`` (names only, so
+    that a copied or moved directory recovers)."""
     path = os.path.join(directory, JOURNAL_NAME)
     data = {
         "ampnet_journal_version": _JOURNAL_VERSION,
-        # relative to the journal, so that a copied or moved directory recovers
-        "moves": [[os.path.relpath(t, directory), os.path.relpath(f, directory)] for t, f in moves],
-        "journals": [os.path.relpath(j, directory) for j in journals],
+        "moves": [
+            [os.path.basename(t), os.path.basename(f)]
+            for t, f in moves
+            if os.path.dirname(f) == directory
+        ],
+        "journals": [JOURNAL_NAME],
     }
     temp = _new_temp(path)
     try:
@@ -112,46 +171,127 @@ def _write_journal(directory: str, moves: list[tuple[str, str]], journals: list[
     return path
 
 
-def recover(directories: Iterable[str]) -> None:
-    """Complete a group commit that a killed process left pending.
+def _journal_error(path: str, problem: str) -> ValueError:
+    return ValueError(
+        f"{path!r} is not an ampnet journal: {problem}. ampnet writes its journals "
+        "atomically and lists in them only its own temporary files of the journal's "
+        "directory, so another program wrote this file (or it came with a downloaded "
+        "folder). Nothing was changed. Fix: remove it if no ampnet save is running."
+    )
 
-    For each directory holding a journal, rename the listed temporary files
-    into place (those already renamed are skipped) and remove the journals.
-    Idempotent: a process killed during recovery is recovered again later.
+
+def _own_name(name: Any) -> bool:
+    """Whether ``name`` names an entry of the journal's own directory."""
+    return (
+        isinstance(name, str)
+        and name not in ("", ".", "..")
+        and "\x00" not in name
+        and os.sep not in name
+        and (os.altsep is None or os.altsep not in name)
+        and os.path.basename(name) == name
+        and not os.path.splitdrive(name)[0]
+        and not os.path.isabs(name)
+    )
+
+
+def _read_journal(directory: str, path: str) -> list[tuple[str, str]] | None:
+    """The renames of the journal at ``path``, checked; None without one.
 
     Raises
     ------
     ValueError
-      If a journal exists but is not one that ampnet wrote.
+      Naming the journal, for anything that ampnet does not write.
+    """
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISLNK(info.st_mode):
+        raise _journal_error(path, "it is a symbolic link")
+    if not stat.S_ISREG(info.st_mode):
+        raise _journal_error(path, "it is not a regular file")
+    with open(path, "rb") as f:
+        raw = f.read(_JOURNAL_MAX_BYTES + 1)
+    if len(raw) > _JOURNAL_MAX_BYTES:
+        raise _journal_error(path, f"it is larger than {_JOURNAL_MAX_BYTES} bytes")
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:  # also UnicodeDecodeError
+        raise _journal_error(path, f"it is not UTF-8 JSON ({type(exc).__name__})") from exc
+    if not isinstance(data, dict):
+        raise _journal_error(path, f"expected a JSON object, got {type(data).__name__}")
+    if sorted(data) != sorted(_JOURNAL_KEYS):
+        raise _journal_error(
+            path, f"expected the keys {list(_JOURNAL_KEYS)}, found {sorted(map(str, data))[:8]}"
+        )
+    version = data["ampnet_journal_version"]
+    if type(version) is not int or version != _JOURNAL_VERSION:
+        raise _journal_error(
+            path, f"ampnet_journal_version is {describe(version)}, expected {_JOURNAL_VERSION}"
+        )
+    moves, journals = data["moves"], data["journals"]
+    if not isinstance(moves, list) or not isinstance(journals, list):
+        raise _journal_error(path, "'moves' and 'journals' must be lists")
+    pairs: list[tuple[str, str]] = []
+    for entry in moves:
+        if not (isinstance(entry, list) and len(entry) == 2):
+            raise _journal_error(path, f"the move {describe(entry)} is not a [temporary, final] pair")
+        temp, final = entry
+        match = _TEMP_NAME.fullmatch(temp) if _own_name(temp) else None
+        if match is None or match.group("base") != final:
+            raise _journal_error(
+                path, f"the move {describe(entry)} is not from an ampnet temporary file of "
+                "this directory to the file it was written for"
+            )
+        if not _own_name(final) or final == JOURNAL_NAME or _TEMP_NAME.fullmatch(final):
+            raise _journal_error(path, f"the move {describe(entry)} targets {final!r}")
+        pairs.append((temp, final))
+    finals = [final for _, final in pairs]
+    if len(set(finals)) != len(finals):
+        raise _journal_error(path, "it moves two files onto the same name")
+    if any(name != JOURNAL_NAME for name in journals):
+        raise _journal_error(
+            path, f"'journals' may list only {JOURNAL_NAME!r}, got {describe(journals)}"
+        )
+    for temp, final in pairs:
+        for name, kind in ((temp, "temporary file"), (final, "target")):
+            try:
+                mode = os.lstat(os.path.join(directory, name)).st_mode
+            except FileNotFoundError:
+                continue
+            if stat.S_ISLNK(mode) and kind == "temporary file":
+                raise _journal_error(path, f"the {kind} {name!r} is a symbolic link")
+            if stat.S_ISDIR(mode):
+                raise _journal_error(path, f"the {kind} {name!r} is a directory")
+    return pairs
+
+
+def recover(directories: Iterable[str]) -> None:
+    """Complete a group commit that a killed process left pending.
+
+    For each directory holding a journal, check the whole journal, then
+    rename the listed temporary files into place (those already renamed
+    are skipped) and remove the journal. Idempotent: a process killed
+    during recovery is recovered again later.
+
+    Raises
+    ------
+    ValueError
+      If a journal exists but is not one that ampnet wrote: not UTF-8
+      JSON, other keys or types, or an entry that is not a rename from an
+      ampnet temporary file to its target in the journal's own directory.
+      Nothing is changed then.
     """
     for directory in sorted({os.path.abspath(d or ".") for d in directories}):
         path = os.path.join(directory, JOURNAL_NAME)
-        try:
-            with open(path, encoding="utf-8") as f:
-                data = json.load(f)
-        except FileNotFoundError:
+        moves = _read_journal(directory, path)
+        if moves is None:
             continue
-        except json.JSONDecodeError as exc:
-            raise ValueError(
-                f"{path!r} is not a readable ampnet journal ({exc}). ampnet writes its "
-                "journals atomically, so another program wrote this file. Fix: remove it."
-            ) from exc
-        if not (isinstance(data, dict) and data.get("ampnet_journal_version") == _JOURNAL_VERSION):
-            raise ValueError(
-                f"{path!r} is not an ampnet journal of version {_JOURNAL_VERSION}. "
-                "Fix: remove it if no ampnet save is running."
-            )
-        touched = {directory}
-        for temp, final in data["moves"]:
-            temp, final = os.path.join(directory, temp), os.path.join(directory, final)
+        for temp, final in moves:
             with contextlib.suppress(FileNotFoundError):  # already renamed
-                os.replace(temp, final)
-            touched.add(os.path.dirname(final))
-        for other in data["journals"]:
-            _remove_quietly(os.path.normpath(os.path.join(directory, other)))
+                os.replace(os.path.join(directory, temp), os.path.join(directory, final))
         _remove_quietly(path)
-        for d in touched:
-            _fsync_dir(d)
+        _fsync_dir(directory)
 
 
 def _remove_orphans(finals: Iterable[str]) -> None:
@@ -180,13 +320,34 @@ def atomic_write_group(writers: Mapping[Any, Writer]) -> None:
       atomically as one group; file objects are written directly (their
       atomicity is up to their owner).
 
+    Targets are resolved to their real paths (a symbolic link is written
+    through, as ``open`` does).
+
     Raises
     ------
+    ValueError
+      Two targets that are the same file; nothing is written then.
+
+    OSError
+      A write that fails (a full disk), naming the target and the cause;
+      then no target path is changed and the temporary files are removed.
+
     Exception
       Whatever a writer raises; then no target path is changed and the
       temporary files are removed.
     """
-    paths = {os.path.abspath(os.fspath(t)): w for t, w in writers.items() if is_path(t)}
+    paths: dict[str, Writer] = {}
+    seen: set[str] = set()
+    for target, write in writers.items():
+        if is_path(target):
+            real = os.path.realpath(os.fspath(target))
+            if same_file_key(real) in seen:
+                raise ValueError(
+                    f"Two targets of one save are the same file {real!r}; give each its "
+                    "own. Nothing was written."
+                )
+            seen.add(same_file_key(real))
+            paths[real] = write
     for target, write in writers.items():
         if not is_path(target):
             write(target)
@@ -198,10 +359,13 @@ def atomic_write_group(writers: Mapping[Any, Writer]) -> None:
     moves: list[tuple[str, str]] = []
     try:
         for final, write in paths.items():
-            temp = _new_temp(final)
-            moves.append((temp, final))
-            write(temp)
-            _fsync_file(temp)
+            try:
+                temp = _new_temp(final)
+                moves.append((temp, final))
+                write(temp)
+                _fsync_file(temp)
+            except OSError as exc:
+                raise _write_error(final, exc) from exc
     except BaseException:
         for temp, _ in moves:
             _remove_quietly(temp)
@@ -210,11 +374,13 @@ def atomic_write_group(writers: Mapping[Any, Writer]) -> None:
         os.replace(*moves[0])
         _fsync_dir(directories[0])
         return
-    journals = [os.path.join(d, JOURNAL_NAME) for d in directories]
     written = []
     try:
         for directory in directories:
-            written.append(_write_journal(directory, moves, journals))
+            try:
+                written.append(_write_journal(directory, moves))
+            except OSError as exc:
+                raise _write_error(os.path.join(directory, JOURNAL_NAME), exc) from exc
     except BaseException:
         # not committed: no journal may survive, or recovery would roll forward
         for journal in written:
@@ -223,3 +389,10 @@ def atomic_write_group(writers: Mapping[Any, Writer]) -> None:
             _remove_quietly(temp)
         raise
     recover(directories)
+
+
+def same_file_key(target: Any) -> str:
+    """The absolute path of ``target`` with symbolic links resolved and the
+    case folded where the file system ignores it, so that two spellings of
+    one file compare equal."""
+    return os.path.normcase(os.path.realpath(os.fspath(target)))

@@ -13,6 +13,14 @@ from skorch.callbacks import TrainEndCheckpoint as SkorchTrainEndCheckpoint
 from skorch.history import History
 
 from ampnet.io.atomic import is_path, read_json, recover
+from ampnet.validation import (
+    all_finite,
+    describe,
+    dtype_kind,
+    is_int,
+    is_number,
+    tensor_problem,
+)
 
 def _describe_target(key: str, target: Any) -> str:
     if is_path(target):
@@ -24,15 +32,10 @@ def _attr_of(key: str) -> str:
     return "module_" if key in ("f_params", "f_module") else key[2:] + "_"
 
 
-def _read_errors() -> tuple[type[BaseException], ...]:
-    errors: tuple[type[BaseException], ...] = (
-        pickle.UnpicklingError, RuntimeError, EOFError, KeyError, ValueError,
-    )
-    try:
-        from safetensors import SafetensorError
-    except ImportError:  # safetensors is optional
-        return errors
-    return errors + (SafetensorError,)
+def _read_error(source: str, exc: OSError) -> OSError:
+    """An OSError (of the same kind) that names ``source`` and the cause."""
+    cause = exc.strerror or str(exc) or type(exc).__name__
+    return OSError(exc.errno, f"{source} could not be read: {cause}", exc.filename)
 
 
 # ---- tensors <-> plain values (the scaler state under safetensors) -------
@@ -72,7 +75,9 @@ def _read_state(target: Any, source: str, safetensors: bool, map_location: Any,
                 return load_file(os.fspath(target), device=str(map_location))
             return load(target.read())
         return torch.load(target, map_location=map_location, **load_kwargs)
-    except _read_errors() as exc:
+    except OSError as exc:
+        raise _read_error(source, exc) from exc
+    except Exception as exc:  # whatever a damaged file makes the readers raise
         hint = (
             " It holds objects other than tensors and plain values, which a safe "
             "load refuses: it was not written by save_params, or it may be malicious."
@@ -86,35 +91,91 @@ def _read_state(target: Any, source: str, safetensors: bool, map_location: Any,
         ) from exc
 
 
+def _history_row_problem(row: dict, previous: int) -> str | None:
+    """What in one epoch row skorch or ampnet could not use later."""
+    epoch = row.get("epoch", previous + 1)
+    if not (is_int(epoch) and epoch > previous):
+        return (
+            f"'epoch' must be an int greater than the previous row's ({previous}), got "
+            f"{describe(epoch)}"
+        )
+    batches = row.get("batches", [])
+    if not (isinstance(batches, list) and all(isinstance(b, dict) for b in batches)):
+        return f"'batches' must be a list of dicts, got {describe(batches)}"
+    for place, entries in [("", row)] + [(f"batch {j}: ", b) for j, b in enumerate(batches)]:
+        for key, value in entries.items():
+            if key.endswith("_batch_count") and not (is_int(value) and value >= 0):
+                return f"{place}{key!r} must be an int >= 0, got {describe(value)}"
+            if key.endswith("_best") and not isinstance(value, bool):
+                return f"{place}{key!r} must be true or false, got {describe(value)}"
+            if key in ("dur", "batch_size") and not is_number(value):
+                return f"{place}{key!r} must be a number, got {describe(value)}"
+    return None
+
+
 def _read_history(target: Any, source: str) -> list:
+    """Read a history file and check it against skorch's layout: a list of
+    epoch rows, where present an increasing int ``epoch``, ``batches`` (a
+    list of dicts), int ``*_batch_count``, boolean ``*_best`` flags and
+    numeric ``dur``/``batch_size``."""
     rows = read_json(target, source, "a JSON history")
     if not (isinstance(rows, list) and all(isinstance(row, dict) for row in rows)):
         raise ValueError(
             f"{source} is not a skorch history: expected a JSON list of epoch dicts, got "
             f"{type(rows).__name__}."
         )
+    previous = 0
+    for index, row in enumerate(rows):
+        problem = _history_row_problem(row, previous)
+        if problem:
+            raise ValueError(
+                f"{source} is not a valid skorch history: in row {index}, {problem}. "
+                "Nothing was loaded."
+            )
+        previous = row.get("epoch", previous + 1)
     return rows
 
 
 def _check_module_state(module: torch.nn.Module, state: Any, source: str, attr: str) -> None:
+    """Check a module ``state_dict`` against ``module``: the same keys,
+    dense tensors of the same shapes and dtype kinds (floating, integer,
+    bool, complex), finite parameters, and buffers that are finite where
+    the module's are.
+
+    Raises
+    ------
+    ValueError
+      Naming ``source`` and the entries in error.
+    """
     if not isinstance(state, Mapping):
         raise ValueError(
             f"{source} does not hold a module state_dict for net.{attr}: got "
             f"{type(state).__name__}."
         )
-    own = module.state_dict()
+    own = module.state_dict(keep_vars=True)
     missing = sorted(set(own) - set(state))
-    unexpected = sorted(set(state) - set(own))
-    shapes = [
-        f"{key}: {tuple(state[key].shape)} in the file, {tuple(value.shape)} in the net"
-        for key, value in own.items()
-        if key in state
-        and isinstance(value, torch.Tensor)
-        and isinstance(state[key], torch.Tensor)
-        and not torch.nn.parameter.is_lazy(value)
-        and state[key].shape != value.shape
-    ]
-    if missing or unexpected or shapes:
+    unexpected = sorted(map(str, set(state) - set(own)))
+    shapes, others = [], []
+    for key, value in own.items():
+        if key not in state or key.endswith("_extra_state") or not isinstance(value, torch.Tensor):
+            continue
+        saved = state[key]
+        problem = tensor_problem(saved)
+        if problem:
+            others.append(f"{key} is {problem}")
+        elif dtype_kind(saved) != dtype_kind(value):
+            others.append(f"{key} holds {saved.dtype} values, the net {value.dtype} ({dtype_kind(value)})")
+        elif not torch.nn.parameter.is_lazy(value) and saved.shape != value.shape:
+            shapes.append(
+                f"{key}: {tuple(saved.shape)} in the file, {tuple(value.shape)} in the net"
+            )
+        elif not all_finite(saved) and (
+            isinstance(value, torch.nn.Parameter) or torch.nn.parameter.is_lazy(value)
+            or all_finite(value.detach())
+        ):
+            what = "parameter" if isinstance(value, torch.nn.Parameter) else "buffer"
+            others.append(f"{what} {key} holds NaN or inf values")
+    if missing or unexpected or shapes or others:
         parts = []
         if missing:
             parts.append(f"missing keys {missing[:6]}")
@@ -122,6 +183,7 @@ def _check_module_state(module: torch.nn.Module, state: Any, source: str, attr: 
             parts.append(f"unexpected keys {unexpected[:6]}")
         if shapes:
             parts.append("shape mismatch " + "; ".join(shapes[:4]))
+        parts += others[:4]
         raise ValueError(
             f"{source} does not match net.{attr}: {', '.join(parts)}. Was another file "
             "passed (e.g. the optimizer file as f_params), or was the module built with "
@@ -129,31 +191,48 @@ def _check_module_state(module: torch.nn.Module, state: Any, source: str, attr: 
         )
 
 
-def _check_optimizer_state(optimizer: torch.optim.Optimizer, state: Any, source: str,
-                           attr: str) -> None:
-    if not (isinstance(state, Mapping) and "state" in state and "param_groups" in state):
-        found = sorted(map(str, state))[:6] if isinstance(state, Mapping) else type(state).__name__
-        raise ValueError(
-            f"{source} is not an optimizer state for net.{attr} (expected the keys "
-            f"'state' and 'param_groups', found {found}). Was another file passed?"
-        )
-    groups, own = state["param_groups"], optimizer.param_groups
-    sizes = [len(g.get("params", ())) if isinstance(g, Mapping) else -1 for g in groups]
-    own_sizes = [len(g["params"]) for g in own]
-    if sizes != own_sizes:
-        raise ValueError(
-            f"{source} does not match net.{attr}: parameter groups of sizes {sizes} in the "
-            f"file, {own_sizes} in the net. Nothing was loaded."
-        )
+def _escapes(path: str, root: str) -> bool:
+    rel = os.path.relpath(os.path.abspath(path), os.path.abspath(root or "."))
+    return rel == os.pardir or rel.startswith(os.pardir + os.sep) or os.path.isabs(rel)
 
 
-def _format_files(checkpoint: Any, net: Any, rows: list | None) -> dict[str, Any]:
+def _confined(checkpoint: Any, files: dict[str, Any], source: str) -> dict[str, Any]:
+    """Refuse file names that values from the history (``source``) moved out
+    of the checkpoint's directory."""
+    for key, template in checkpoint._f_kwargs().items():
+        formatted = files.get(key)
+        if not (isinstance(template, str) and "{" in template and isinstance(formatted, str)):
+            continue
+        inside = os.path.join(checkpoint.dirname, checkpoint.fn_prefix + template)
+        if "\x00" in formatted or (
+            not _escapes(inside, checkpoint.dirname) and _escapes(formatted, checkpoint.dirname)
+        ):
+            raise ValueError(
+                f"{source} turns the file name {key}={template!r} into {formatted!r}, outside "
+                f"the checkpoint's directory {checkpoint.dirname or '.'!r}. Nothing was loaded. "
+                "Fix: use the history file that this checkpoint saved."
+            )
+    return files
+
+
+def _format_files(checkpoint: Any, net: Any, rows: list | None,
+                  source: str = "the history") -> dict[str, Any]:
     saved = net.history
     try:
         if rows is not None:
             net.history = History(rows)
         if len(net.history):
-            return checkpoint.get_formatted_files(net)
+            if rows is None:
+                return checkpoint.get_formatted_files(net)
+            try:
+                files = checkpoint.get_formatted_files(net)
+            except Exception as exc:  # a format field that the saved history lacks
+                raise ValueError(
+                    f"{source} cannot format the checkpoint's file names "
+                    f"({type(exc).__name__}: {exc}). Nothing was loaded. Fix: use the "
+                    "history file that this checkpoint saved."
+                ) from exc
+            return _confined(checkpoint, files, source)
         # no history to format with (a first run): only plain names resolve
         files = {}
         for key, val in checkpoint._f_kwargs().items():
@@ -189,11 +268,12 @@ def checkpoint_files(checkpoint: Any, net: Any) -> dict[str, Any]:
     recover([checkpoint.dirname or "."])
     rows = None
     f_history = checkpoint.f_history_
+    source = _describe_target("f_history", f_history)
     if f_history is not None and (not is_path(f_history) or os.path.exists(f_history)):
-        rows = _read_history(f_history, _describe_target("f_history", f_history))
+        rows = _read_history(f_history, source)
         if not is_path(f_history):
             f_history.seek(0)
-    files = _format_files(checkpoint, net, rows)
+    files = _format_files(checkpoint, net, rows, source)
     recover({os.path.dirname(os.path.abspath(v)) for v in files.values() if is_path(v)})
     return files
 
@@ -215,9 +295,41 @@ def _text_writer(text: str) -> Callable[[Any], None]:
     return write
 
 
+def _os_error_behind(exc: BaseException) -> OSError | None:
+    """The OSError that ``exc`` was raised while handling, if any."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, OSError):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _torch_writer(state: Any) -> Callable[[Any], None]:
+    def write(target: Any) -> None:
+        try:
+            if is_path(target):
+                # through a Python file, so that a write error (a full disk) raises
+                # the OSError with its cause; torch's own writer loses it
+                with open(target, "wb") as f:
+                    torch.save(state, f)
+            else:
+                torch.save(state, target)
+        except RuntimeError as exc:
+            # torch's zip writer, closing after a failed write, raises its own
+            # "unexpected pos" error over the OSError
+            cause = _os_error_behind(exc)
+            if cause is None:
+                raise
+            raise cause from None
+
+    return write
+
+
 def _state_writer(state: Any, source: str, safetensors: bool) -> Callable[[Any], None]:
     if not safetensors:
-        return lambda target: torch.save(state, target)
+        return _torch_writer(state)
     bad = sorted(str(k) for k, v in state.items() if not isinstance(v, torch.Tensor))
     if bad:
         raise ValueError(
@@ -228,11 +340,13 @@ def _state_writer(state: Any, source: str, safetensors: bool) -> Callable[[Any],
         )
 
     def write(target: Any) -> None:
-        from safetensors.torch import save, save_file
+        from safetensors.torch import save
 
+        data = save(state)
         if is_path(target):
-            save_file(state, os.fspath(target))
+            with open(target, "wb") as f:  # a write error raises the OSError with its cause
+                f.write(data)
         else:
-            target.write(save(state))
+            target.write(data)
 
     return write

@@ -43,7 +43,7 @@ from skorch.callbacks import LRScheduler
 from skorch.history import History
 from skorch.utils import _check_f_arguments, get_map_location
 
-from ampnet.io.atomic import atomic_write_group, is_path, recover
+from ampnet.io.atomic import atomic_write_group, is_path, recover, same_file_key
 from ampnet.exceptions import AmpWarning
 from ampnet.io.files import (
     _describe_target,
@@ -53,19 +53,27 @@ from ampnet.io.files import (
     _read_state,
     _read_history,
     _check_module_state,
-    _check_optimizer_state,
     resolve_checkpoint,
     checkpoint_files,
     _plain,
     _text_writer,
     _state_writer,
 )
-from ampnet.io.rng import get_rng_state, set_rng_state, validate_rng_state
-from ampnet.precision.scaler import _STATE_VERSION, validate_scaler_state
+from ampnet.io.optimizer_state import check_optimizer_state
+from ampnet.io.rng import capture_rng_state, get_rng_state, prepare_rng_state
+from ampnet.io.rollback import (
+    Step,
+    apply_all,
+    snapshot_attribute,
+    snapshot_attributes,
+    snapshot_module,
+    snapshot_optimizer,
+)
+from ampnet.precision.scaler import GradScaler, validate_scaler_state
 from ampnet.io.schedulers import (
     dumps_lr_scheduler_states,
+    plan_lr_schedulers,
     read_lr_scheduler_states,
-    restore_lr_schedulers,
 )
 
 __all__ = ["PersistenceMixin", "checkpoint_files", "resolve_checkpoint"]
@@ -92,6 +100,31 @@ _MSG_MODULE = (
     "have an attribute called 'net.{{name}}_' that is a PyTorch Module or Optimizer; make sure that "
     "it exists and check for typos."
 )
+
+
+def _check_distinct_targets(files: dict[str, Any]) -> None:
+    """Refuse two ``f_*`` arguments that name one file (or one file object):
+    the later write would replace the earlier one."""
+    seen: list[tuple[str, Any]] = []
+    for key, target in files.items():
+        for other_key, other in seen:
+            if is_path(target) and is_path(other):
+                same = same_file_key(target) == same_file_key(other)
+                if not same and os.path.exists(target) and os.path.exists(other):
+                    same = os.path.samefile(target, other)
+            else:
+                same = target is other
+            if same:
+                raise ValueError(
+                    f"save_params got the same file for {other_key}={_spelling(other)} and "
+                    f"{key}={_spelling(target)}: the second would replace the first. Fix: "
+                    "give each its own file name. Nothing was written."
+                )
+        seen.append((key, target))
+
+
+def _spelling(target: Any) -> str:
+    return repr(os.fspath(target)) if is_path(target) else repr(target)
 
 
 class PersistenceMixin:
@@ -176,7 +209,13 @@ class PersistenceMixin:
         Raises
         ------
         ValueError
-          A state that safetensors cannot store; nothing is written then.
+          A state that safetensors cannot store, or two arguments that name
+          the same file (compared as real paths: ``'a.pt'``, ``'./a.pt'``,
+          a symbolic link to it); nothing is written then.
+
+        OSError
+          A write that fails (a full disk): it names the file and the cause,
+          and the previous files are unchanged.
         """
         files = dict(
             f_params=f_params, f_optimizer=f_optimizer, f_criterion=f_criterion,
@@ -189,6 +228,7 @@ class PersistenceMixin:
             if self.verbose:
                 print("Nothing to save")
             return
+        _check_distinct_targets(files)
         precision = self.__dict__.get("precision_")
         as_dtype = (
             precision.params_as(self.__dict__.get("module_"), params_dtype)
@@ -198,8 +238,6 @@ class PersistenceMixin:
             writers = {
                 target: self._writer(key, target, use_safetensors) for key, target in files.items()
             }
-        if len(writers) != len(files):
-            raise ValueError("save_params got the same target for two files; give each its own.")
         atomic_write_group(writers)
 
     def _writer(self, key: str, target: Any, safetensors: bool) -> Callable[[Any], None]:
@@ -294,14 +332,21 @@ class PersistenceMixin:
         ------
         ValueError
           A file that cannot be read safely, does not match the net (keys,
-          shapes, parameter groups), is another kind of file, or holds an
-          invalid scaler state (saved from a disabled scaler, partial, a
-          scale that is NaN, zero, negative or infinite) or RNG state. The
-          message names the file; the net is left unchanged.
+          shapes, dtypes, parameter groups, optimizer hyper-parameters and
+          state), holds NaN or inf weights, is another kind of file, or
+          holds an invalid history, scheduler, scaler state (saved from a
+          disabled scaler, partial, a scale that is NaN, zero, negative,
+          infinite or outside float32's range, a field of the wrong type) or
+          RNG state (each field checked against what numpy, torch and
+          ``random`` accept). Also a journal in a file's directory that
+          ampnet did not write. The message names the file and the field.
+          Every file is checked before anything changes, and if applying
+          still fails everything applied is rolled back: the net is left
+          exactly as it was (parameters, optimizer, history, scaler, RNG).
 
-        FileNotFoundError
-          A file is missing (for a checkpoint: any but the scaler, RNG and
-          scheduler files).
+        OSError
+          A file that cannot be read (``FileNotFoundError`` when missing;
+          for a checkpoint: any but the scaler, RNG and scheduler files).
         """
         files: dict[str, Any] = {}
         optional: set[str] = set()
@@ -341,9 +386,11 @@ class PersistenceMixin:
                 "optimizer without safetensors, or pass f_optimizer=None (for a checkpoint: "
                 "Checkpoint(f_optimizer=None))."
             )
-        applies = self._read_all(files, use_safetensors)
-        for apply in applies:
-            apply()
+        steps = self._read_all(files, use_safetensors)
+        apply_all(steps)
+        for step in steps:
+            if step.message:
+                warnings.warn(step.message, AmpWarning, stacklevel=2)
 
     def _drop_missing_checkpoint_files(
         self, files: dict[str, Any], optional: set[str], absent: list[str]
@@ -384,9 +431,11 @@ class PersistenceMixin:
             return any(isinstance(cb, LRScheduler) for _, cb in self.callbacks_)
         return True
 
-    def _read_all(self, files: dict[str, Any], safetensors: bool) -> list[Callable[[], None]]:
-        """Read and check every file; return the functions that apply them."""
-        modules, late, rng = [], [], []
+    def _read_all(self, files: dict[str, Any], safetensors: bool) -> list[Step]:
+        """Read and check every file; return the steps that apply them."""
+        modules: list[Step] = []
+        late: list[Step] = []
+        rng: list[Step] = []
         device = self.device
         load_kwargs = self.torch_load_kwargs or {"weights_only": True}
         map_location = None
@@ -398,16 +447,17 @@ class PersistenceMixin:
             source = _describe_target(key, target)
             if key == "f_history":
                 rows = _read_history(target, source)
-                late.append(lambda rows=rows: setattr(self, "history", History(rows)))
+                late.append(Step(
+                    source,
+                    lambda rows=rows: setattr(self, "history", History(rows)),
+                    lambda: snapshot_attribute(self, "history"),
+                ))
             elif key == "f_rng_state":
                 state = _read_state(target, source, safetensors, "cpu", safe)
-                validate_rng_state(state, source)
-                rng.append(lambda state=state, source=source: set_rng_state(state, source))
+                rng.append(Step(source, prepare_rng_state(state, source).apply, capture_rng_state))
             elif key == "f_lr_schedulers":
                 data = read_lr_scheduler_states(target, source)
-                late.append(
-                    lambda data=data, source=source: self._restore_schedulers(data, source)
-                )
+                late.append(self._plan_schedulers(data, source))
             else:
                 attr = _attr_of(key)
                 if not self.initialized_:
@@ -422,52 +472,70 @@ class PersistenceMixin:
                 state = _read_state(target, source, safetensors, map_location, load_kwargs)
                 if isinstance(obj, torch.nn.Module):
                     _check_module_state(obj, state, source, attr)
+                    extra = ()
+                    if attr == "module_":
+                        extra = tuple((getattr(self, "amp_master_params_", None) or {}).values())
+                    snapshot = lambda obj=obj, extra=extra: snapshot_module(obj, extra)  # noqa: E731
                 elif isinstance(obj, torch.optim.Optimizer):
-                    _check_optimizer_state(obj, state, source, attr)
-                modules.append(lambda obj=obj, state=state: obj.load_state_dict(state))
+                    check_optimizer_state(obj, state, source, attr)
+                    snapshot = lambda obj=obj: snapshot_optimizer(obj)  # noqa: E731
+                else:
+                    snapshot = lambda obj=obj: snapshot_attributes(obj)  # noqa: E731
+                modules.append(
+                    Step(source, lambda obj=obj, state=state: obj.load_state_dict(state), snapshot)
+                )
 
         def set_device() -> None:
             if device != self.device:
                 self.device = device
 
+        device_step = Step(
+            "the device", set_device, lambda: snapshot_attribute(self, "device")
+        )
         # the RNG last: nothing after it may draw random numbers
-        return [set_device, *modules, *late, *rng]
+        return [device_step, *modules, *late, *rng]
 
-    def _restore_schedulers(self, data: dict[str, Any], source: str) -> None:
-        notes = restore_lr_schedulers(self, data)
-        if notes:
-            warnings.warn(
-                f"Learning-rate schedulers not restored from {source}: " + "; ".join(notes) + ".",
-                AmpWarning,
-                stacklevel=4,
-            )
+    def _plan_schedulers(self, data: dict[str, Any], source: str) -> Step:
+        apply, notes, changed = plan_lr_schedulers(self, data, source)
 
-    def _plan_grad_scaler(self, state: Any, source: str) -> Callable[[], None]:
-        """Check a scaler state against this net's scaler; return what loads it.
+        def snapshot() -> Callable[[], None]:
+            restores = [snapshot_attributes(obj) for pair in changed for obj in pair]
+
+            def restore() -> None:
+                for restore_one in restores:
+                    restore_one()
+
+            return restore
+
+        message = (
+            f"Learning-rate schedulers not restored from {source}: " + "; ".join(notes) + "."
+            if notes else None
+        )
+        return Step(source, apply, snapshot, message)
+
+    def _plan_grad_scaler(self, state: Any, source: str) -> Step:
+        """Check a scaler state against this net's scaler; return the step
+        that loads it.
 
         See the table in :mod:`ampnet.io.persistence` for each precision pair.
         """
         scaler = self.grad_scaler_
+        snapshot = lambda: snapshot_attributes(scaler)  # noqa: E731
         if not scaler.is_enabled():
             if isinstance(state, Mapping) and not state:
-                return lambda: None  # no scaler state on either side
+                # no scaler state on either side
+                return Step(source, lambda: None, lambda: (lambda: None))
             validate_scaler_state(state, source)
             policy = self.precision_policy_
             message = (
                 f"{source} holds the state of an enabled loss scaler (scale "
-                f"{float(state['scale']):g}), but this net trains in {policy.name} "
+                f"{float(_plain(state['scale'])):g}), but this net trains in {policy.name} "
                 "without loss scaling, so the scaler state was not loaded (everything "
                 "else was). This is expected when switching from float16 to bfloat16 or "
                 "float32; pass f_grad_scaler=None to load without this warning."
             )
-            return lambda: warnings.warn(message, AmpWarning, stacklevel=4)
+            return Step(source, lambda: None, lambda: (lambda: None), message)
         validate_scaler_state(state, source)
-        version = state.get("ampnet_scaler_version", _STATE_VERSION)
-        if not isinstance(version, int) or version > _STATE_VERSION:
-            raise ValueError(
-                f"{source} has scaler state version {version!r}; this ampnet reads versions "
-                f"up to {_STATE_VERSION}. Fix: upgrade ampnet."
-            )
         own = scaler.state_dict()
         settings = [k for k in own if k not in _SCALER_TRACKERS]
         notes = [
@@ -493,10 +561,6 @@ class PersistenceMixin:
             f"Loaded the loss scale from {source}; the net's own scaler settings stay in "
             "force (set them with set_params(grad_scaler__<name>=...)): " + "; ".join(notes) + "."
         )
-
-        def apply() -> None:
-            scaler.load_state_dict(merged)
-            if notes:
-                warnings.warn(message, AmpWarning, stacklevel=4)
-
-        return apply
+        return Step(
+            source, lambda: scaler.load_state_dict(merged), snapshot, message if notes else None
+        )

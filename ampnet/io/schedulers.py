@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import copy
 import json
-from typing import Any
+from typing import Any, Callable
 
+import torch
 from skorch.callbacks import LRScheduler
 
 from ampnet.io.atomic import read_json
+from ampnet.validation import is_bool, type_mismatch
 
 __all__ = ["lr_scheduler_states", "dumps_lr_scheduler_states", "read_lr_scheduler_states",
-           "restore_lr_schedulers"]
+           "check_lr_scheduler_states", "plan_lr_schedulers", "restore_lr_schedulers"]
 
 _VERSION = 1
 _VERSION_KEY = "ampnet_lr_schedulers_version"
@@ -87,26 +89,111 @@ def read_lr_scheduler_states(target: Any, source: str) -> dict[str, Any]:
             isinstance(entry, dict)
             and isinstance(entry.get("policy"), str)
             and isinstance(entry.get("batch_idx"), int)
+            and not is_bool(entry["batch_idx"])
+            and entry["batch_idx"] >= 0
             and isinstance(entry.get("state"), dict)
         ):
             raise ValueError(
                 f"{source} holds an invalid state for scheduler {name!r}: expected "
-                "'policy' (str), 'batch_idx' (int) and 'state' (dict)."
+                "'policy' (str), 'batch_idx' (int >= 0) and 'state' (dict)."
+            )
+        # a scheduler's load_state_dict sets attributes: none may replace its
+        # optimizer or a method
+        bad = sorted(k for k in entry["state"] if k == "optimizer" or k.startswith("__"))
+        if bad:
+            raise ValueError(
+                f"{source} holds an invalid state for scheduler {name!r}: the keys {bad} "
+                "are not scheduler state. Nothing was loaded."
             )
     return data
 
 
-def restore_lr_schedulers(net: Any, data: dict[str, Any]) -> list[str]:
-    """Load the saved states into the net's running schedulers.
+def _state_problem(reference: dict[str, Any], state: dict[str, Any], path: str) -> str | None:
+    """Why ``state`` cannot be loaded into a scheduler whose own state is
+    ``reference``: unknown keys, or values of another type."""
+    unknown = sorted(k for k in state if k not in reference)
+    if unknown:
+        return f"{path} holds keys {unknown[:6]} that the scheduler does not have"
+    for key, value in state.items():
+        problem = type_mismatch(reference[key], value, f"{path}[{key!r}]")
+        if problem:
+            return problem
+    return None
 
-    Returns
-    -------
-    notes : list of str
-      What could not be restored: schedulers that are not running (the net
-      is not training), missing from the file or from ``callbacks``, or of
-      another policy.
+
+def _scratch_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """An optimizer with the same hyper-parameters over one scalar per group,
+    to build a scratch scheduler on: of the same class for ``torch.optim``
+    optimizers, an SGD otherwise (a user's class is not run for a check)."""
+    groups = [
+        {
+            **{k: copy.deepcopy(v) for k, v in group.items() if k not in ("params", "param_names")},
+            "params": [torch.zeros(1, requires_grad=True)],
+        }
+        for group in optimizer.param_groups
+    ]
+    cls = type(optimizer)
+    if not cls.__module__.startswith("torch.optim"):
+        cls = torch.optim.SGD
+        groups = [
+            {k: v for k, v in group.items() if k in ("params", "lr", "initial_lr", "momentum")}
+            for group in groups
+        ]
+    return cls(groups)
+
+
+def _reference_state(net: Any, cb: LRScheduler) -> tuple[str, dict[str, Any]] | None:
+    """The policy name and state_dict of ``cb``'s scheduler: the running one,
+    or a scratch one built like it; None where none can be built."""
+    scheduler = getattr(cb, "lr_scheduler_", None)
+    if scheduler is None:
+        try:
+            policy = cb._get_policy_cls()
+            scheduler = policy(_scratch_optimizer(net.optimizer_), **cb.kwargs)
+        except Exception:  # an exotic scheduler or optimizer: checked when restored
+            return None
+    return type(scheduler).__name__, scheduler.state_dict()
+
+
+def check_lr_scheduler_states(net: Any, data: dict[str, Any], source: str) -> None:
+    """Check the saved states against the net's ``LRScheduler`` callbacks
+    before anything is loaded (their schedulers may not be running yet:
+    a scratch scheduler of the same policy and arguments stands in).
+
+    Raises
+    ------
+    ValueError
+      Naming ``source`` and the field: a key the scheduler does not have,
+      or a value of another type than the scheduler's own.
+    """
+    callbacks = _schedulers(net)
+    for name, entry in data["schedulers"].items():
+        cb = callbacks.get(name)
+        reference = _reference_state(net, cb) if cb is not None else None
+        if reference is None or reference[0] != entry["policy"]:
+            continue  # not restored (restore_lr_schedulers says why)
+        problem = _state_problem(reference[1], entry["state"], f"schedulers[{name!r}]['state']")
+        if problem:
+            raise ValueError(
+                f"{source} holds an invalid state for scheduler {name!r}: {problem}. "
+                "Nothing was loaded."
+            )
+
+
+def plan_lr_schedulers(
+    net: Any, data: dict[str, Any], source: str
+) -> tuple[Callable[[], None], list[str], list[tuple[Any, Any]]]:
+    """Check the saved states against the running schedulers; return what
+    loads them, the notes on what cannot be restored, and the (callback,
+    scheduler) pairs that loading changes.
+
+    Raises
+    ------
+    ValueError
+      See :func:`check_lr_scheduler_states`; nothing is changed then.
     """
     notes = []
+    planned = []
     saved = data["schedulers"]
     running = _schedulers(net)
     for name, entry in saved.items():
@@ -125,11 +212,44 @@ def restore_lr_schedulers(net: Any, data: dict[str, Any]) -> list[str]:
                 f"{entry['policy']}"
             )
         else:
-            scheduler.load_state_dict(copy.deepcopy(entry["state"]))
-            cb.batch_idx_ = entry["batch_idx"]
+            problem = _state_problem(
+                scheduler.state_dict(), entry["state"], f"schedulers[{name!r}]['state']"
+            )
+            if problem:
+                raise ValueError(
+                    f"{source} holds an invalid state for scheduler {name!r}: {problem}. "
+                    "Nothing was loaded."
+                )
+            planned.append((cb, scheduler, entry))
     for name, cb in running.items():
         if name not in saved and getattr(cb, "lr_scheduler_", None) is not None:
             notes.append(
                 f"LRScheduler {name!r} has no saved state; skorch rebuilt it from the history"
             )
+
+    def apply() -> None:
+        for cb, scheduler, entry in planned:
+            scheduler.load_state_dict(copy.deepcopy(entry["state"]))
+            cb.batch_idx_ = entry["batch_idx"]
+
+    return apply, notes, [(cb, scheduler) for cb, scheduler, _ in planned]
+
+
+def restore_lr_schedulers(net: Any, data: dict[str, Any], source: str = "the file") -> list[str]:
+    """Load the saved states into the net's running schedulers.
+
+    Returns
+    -------
+    notes : list of str
+      What could not be restored: schedulers that are not running (the net
+      is not training), missing from the file or from ``callbacks``, or of
+      another policy.
+
+    Raises
+    ------
+    ValueError
+      See :func:`plan_lr_schedulers`; nothing is changed then.
+    """
+    apply, notes, _ = plan_lr_schedulers(net, data, source)
+    apply()
     return notes

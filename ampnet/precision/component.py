@@ -46,7 +46,7 @@ class StepDecision(NamedTuple):
     the loss scale after the step (1.0 without loss scaling)."""
 
     skipped: tuple[bool, ...]
-    scale: float
+    scale: float | None  # None: not read (torch's own scaler)
     scale_before: float
 
 
@@ -215,7 +215,7 @@ class Precision:
                 "policy": resolve_precision(True, self.policy.compute_dtype, device_type, self.policy.level),
             })
         if self.scaler._device != device_type:
-            self.scaler.to_device_type(device_type)
+            move_scaler(self.scaler, device_type)
         if isinstance(module, torch.nn.Module):
             for region in regions_of(module_root(module)).values():
                 region.device_type = device_type
@@ -311,7 +311,7 @@ class Precision:
             flags = []
             for optimizer, _ in optimizers:
                 self.scaler.unscale_(optimizer)
-                flag = self.scaler.found_inf_tensor(optimizer)
+                flag = found_inf_tensor(self.scaler, optimizer)
                 self._found[id(optimizer)] = flag
                 flags.append(flag)
             return flags
@@ -331,6 +331,11 @@ class Precision:
             values = torch.stack([f.reshape(()) for f in flags]).tolist()
             return StepDecision(tuple(v > 0 for v in values), 1.0, 1.0)
         before = scaler._scale.reshape(())
+        if not isinstance(scaler, GradScaler):
+            # torch's own scaler updates on the device too, but the new scale
+            # is only known after update(): the history reads it then
+            values = torch.stack([*(f.reshape(()) for f in flags), before]).tolist()
+            return StepDecision(tuple(v > 0 for v in values[:-1]), None, values[-1])
         after = scaler.plan_update()
         values = torch.stack([*(f.reshape(()) for f in flags), before, after.reshape(())]).tolist()
         return StepDecision(tuple(v > 0 for v in values[:-2]), values[-1], values[-2])
@@ -398,7 +403,7 @@ def build_scaler(settings: PrecisionSettings) -> GradScaler:
     if isinstance(scaler, torch.amp.GradScaler):
         if kwargs or settings.scaler_enabled is not None or scaler._device != policy.device_type:
             scaler = type(scaler)(**{
-                **scaler.get_settings(), **kwargs, "device": policy.device_type, "enabled": enabled,
+                **scaler_settings(scaler), **kwargs, "device": policy.device_type, "enabled": enabled,
             })
         else:
             # the instance is a hyper-parameter: fit must not change it, and
@@ -414,6 +419,41 @@ def build_scaler(settings: PrecisionSettings) -> GradScaler:
             stacklevel=4,
         )
     return scaler
+
+
+def scaler_settings(scaler: torch.amp.GradScaler) -> dict[str, Any]:
+    """The constructor settings of any torch scaler."""
+    if isinstance(scaler, GradScaler):
+        return scaler.get_settings()
+    return {
+        "init_scale": scaler._init_scale if scaler._scale is None else scaler.get_scale(),
+        "growth_factor": scaler._growth_factor,
+        "backoff_factor": scaler._backoff_factor,
+        "growth_interval": scaler._growth_interval,
+        "enabled": scaler.is_enabled(),
+    } if scaler.is_enabled() else {"enabled": False}
+
+
+def found_inf_tensor(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> torch.Tensor:
+    """The overflow flag that ``scaler.unscale_(optimizer)`` recorded in this
+    step, as a tensor on the scale's device (no host read)."""
+    if isinstance(scaler, GradScaler):
+        return scaler.found_inf_tensor(optimizer)
+    found = scaler._found_inf_per_device(optimizer)
+    values = [v.to(scaler._scale.device, non_blocking=True) for v in found.values()]
+    return torch.stack(values).sum() if len(values) > 1 else values[0]
+
+
+def move_scaler(scaler: torch.amp.GradScaler, device_type: str) -> None:
+    """Re-target any torch scaler, e.g. after a CUDA net was loaded on a CPU."""
+    if isinstance(scaler, GradScaler):
+        scaler.to_device_type(device_type)
+        return
+    scaler._device = device_type
+    for name in ("_scale", "_growth_tracker"):
+        value = getattr(scaler, name, None)
+        if isinstance(value, torch.Tensor):
+            setattr(scaler, name, value.to(device_type))
 
 
 def _as_dtype(value: Any) -> torch.dtype | None:

@@ -14,10 +14,10 @@ import platform
 from dataclasses import dataclass, field
 from typing import Any, ContextManager
 
-import numpy as np
 import torch
 
 from ampnet._tree import cast_floating
+from ampnet.validation import describe, is_bool
 
 __all__ = [
     "PrecisionPolicy",
@@ -26,7 +26,6 @@ __all__ = [
     "cpu_has_native_bf16",
     "DTYPE_ALIASES",
     "check_bool",
-    "describe",
     "dtype_name",
     "AMP_LEVELS",
 ]
@@ -49,11 +48,6 @@ _VALID_DTYPES_TEXT = (
 )
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
-
-
-def describe(value: Any) -> str:
-    """``repr(value) (type name)``, as error messages show a received value."""
-    return f"{value!r} ({type(value).__name__})"
 
 
 def dtype_name(dtype: torch.dtype | None) -> str:
@@ -198,9 +192,25 @@ def check_bool(name: str, value: Any) -> bool:
     TypeError
       For anything else, naming ``name``.
     """
-    if isinstance(value, (bool, np.bool_)):
+    if is_bool(value):
         return bool(value)
     raise TypeError(f"{name} must be True or False; got {describe(value)}.")
+
+
+def _check_available(dev: torch.device, device: Any) -> None:
+    """Refuse a device type that this torch build or machine lacks (MPS,
+    XLA, XPU, ...): allocating an empty tensor there is the one test that
+    every backend answers."""
+    try:
+        torch.empty(0, device=dev)
+    except Exception as exc:  # each backend fails in its own way
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(
+            f"amp_enabled=True with device={describe(device)}, but the {dev.type!r} backend "
+            f"is not available on this machine ({reason}). ampnet never falls back to "
+            "float32 silently. Fix: set device='cpu' (bfloat16 autocast runs on CPU), or "
+            "run where that backend is installed."
+        ) from exc
 
 
 def resolve_precision(
@@ -224,7 +234,8 @@ def resolve_precision(
 
     ValueError
       An unknown ``amp_dtype`` or ``amp_level``, an invalid device, CUDA
-      requested without CUDA, or bfloat16 on a GPU without bf16 support.
+      requested without CUDA (or any other backend, such as MPS or XLA,
+      that is not available), or bfloat16 on a GPU without bf16 support.
     """
     enabled = check_bool("amp_enabled", amp_enabled)
     requested = parse_amp_dtype(amp_dtype)
@@ -276,10 +287,9 @@ def resolve_precision(
                 "this CPU has no native bfloat16 (AVX512-BF16 or AMX): bf16 autocast "
                 "is emulated and may be slower than float32."
             )
-    elif dev.type == "mps":
-        dtype = requested or torch.float16
     else:
-        dtype = requested or torch.bfloat16
+        _check_available(dev, device)
+        dtype = requested or (torch.float16 if dev.type == "mps" else torch.bfloat16)
     if not torch.amp.is_autocast_available(dev.type):
         raise ValueError(
             f"amp_enabled=True, but torch has no autocast for device type "

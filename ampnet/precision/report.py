@@ -202,7 +202,14 @@ def build_report(net: Any, X: Any, y: Any = None, dtype: Any = None) -> Precisio
     scaler = net.grad_scaler_
     scale = float(scaler.get_scale()) if scaler.is_enabled() else 1.0
     rng = torch.get_rng_state()  # the data loader draws a seed
-    batch = next(iter(net.get_iterator(net.get_dataset(X, y), training=False)))
+    try:
+        batch = next(iter(net.get_iterator(net.get_dataset(X, y), training=False)))
+    except StopIteration:
+        torch.set_rng_state(rng)
+        raise ValueError(
+            "precision_report needs at least one sample, but X holds none (it yields no "
+            "batch). Fix: pass a non-empty X, e.g. the first few hundred training samples."
+        ) from None
     Xi, yi = unpack_data(batch)
 
     root = module_root(net.module_)

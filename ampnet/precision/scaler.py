@@ -10,7 +10,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["GradScaler", "validate_scaler_settings", "validate_scaler_state"]
+from ampnet.validation import describe, is_bool
+
+__all__ = ["GradScaler", "validate_scaler_settings", "validate_scaler_state", "found_inf"]
 
 #: Settings that a fitted net changes on its live scaler (no rebuild).
 LIVE_SETTINGS = (
@@ -25,12 +27,82 @@ LIVE_SETTINGS = (
 _STATE_VERSION = 1
 
 
+#: The scale is a float32 tensor: it must stay within float32's normal
+#: positive range, or it turns into 0 or inf.
+FLOAT32_TINY = float(torch.finfo(torch.float32).tiny)
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
+_RANGE = f"[{FLOAT32_TINY:.8g}, {FLOAT32_MAX:.8g}]"
+
+
 def _is_number(value: Any) -> bool:
-    return isinstance(value, Real) and not isinstance(value, bool)
+    return isinstance(value, Real) and not is_bool(value)
 
 
 def _is_int(value: Any) -> bool:
-    return isinstance(value, Integral) and not isinstance(value, bool)
+    return isinstance(value, Integral) and not is_bool(value)
+
+
+def _in_float32_range(value: Any) -> bool:
+    return _is_number(value) and math.isfinite(value) and FLOAT32_TINY <= value <= FLOAT32_MAX
+
+
+def _setting_problems(settings: dict[str, Any], prefix: str, quoted: bool = False) -> list[str]:
+    """One line per bad setting: ``{prefix}{name}={value} ({type}): {rule}``
+    (``'{name}' = ...`` when ``quoted``, for the fields of a state)."""
+    problems = []
+
+    def bad(name: str, rule: str) -> None:
+        label = f"'{name}' = " if quoted else f"{prefix}{name}="
+        problems.append(f"{label}{describe(settings[name])}: {rule}")
+
+    for name in ("init_scale", "min_scale", "max_scale"):
+        if name not in settings:
+            continue
+        value = settings[name]
+        if not (_is_number(value) and math.isfinite(value) and value > 0):
+            bad(name, "must be a finite number > 0, e.g. 65536.0")
+        elif not _in_float32_range(value):
+            bad(
+                name,
+                f"must lie within float32's normal positive range {_RANGE}, because the "
+                "scale is a float32 tensor (a smaller value becomes 0, a larger one inf); "
+                "e.g. 65536.0",
+            )
+    if "growth_factor" in settings:
+        value = settings["growth_factor"]
+        if not (_is_number(value) and math.isfinite(value) and value > 1):
+            bad("growth_factor", "must be a finite number > 1, e.g. 2.0")
+        elif value > FLOAT32_MAX:
+            bad("growth_factor", f"must be at most float32's largest value {FLOAT32_MAX:.8g}, e.g. 2.0")
+    if "backoff_factor" in settings:
+        value = settings["backoff_factor"]
+        if not (_is_number(value) and 0 < value < 1):
+            bad("backoff_factor", "must be a number in (0, 1), e.g. 0.5")
+        elif value < FLOAT32_TINY:
+            bad(
+                "backoff_factor",
+                f"must be at least float32's smallest normal value {FLOAT32_TINY:.8g}, e.g. 0.5",
+            )
+    for name in ("growth_interval", "hysteresis"):
+        if name in settings and not (_is_int(settings[name]) and settings[name] >= 1):
+            bad(name, "must be an int >= 1, e.g. 2000 for growth_interval, 1 for hysteresis")
+    for name in ("enabled", "dynamic"):
+        if name in settings and not is_bool(settings[name]):
+            bad(name, "must be True or False")
+    if not problems and _in_float32_range(settings.get("min_scale")) and _in_float32_range(
+        settings.get("max_scale")
+    ):
+        lo, hi = settings["min_scale"], settings["max_scale"]
+        p = "" if quoted else prefix
+        if lo > hi:
+            bad("min_scale", f"must not exceed {p}max_scale={hi!r}")
+        elif _in_float32_range(settings.get("init_scale")) and not lo <= settings["init_scale"] <= hi:
+            bad(
+                "init_scale",
+                f"must lie within [{p}min_scale, {p}max_scale] = [{lo!r}, {hi!r}]; "
+                "change init_scale or widen the bounds",
+            )
+    return problems
 
 
 def validate_scaler_settings(prefix: str = "grad_scaler__", **settings: Any) -> None:
@@ -38,62 +110,46 @@ def validate_scaler_settings(prefix: str = "grad_scaler__", **settings: Any) -> 
 
     Only the settings passed are checked. ``prefix`` is put in front of each
     name in the message, so that it names the parameter as the user set it.
+    ``init_scale``, ``min_scale`` and ``max_scale`` must lie within
+    float32's normal positive range, ``growth_factor`` must be at most
+    float32's largest value and ``backoff_factor`` at least its smallest
+    normal value, so that the scale (a float32 tensor) never becomes 0 or
+    inf. Booleans may be numpy booleans.
 
     Raises
     ------
     ValueError
       If any setting is out of range or of the wrong type.
     """
-    problems = []
-
-    def bad(name: str, rule: str) -> None:
-        value = settings[name]
-        problems.append(f"{prefix}{name}={value!r} ({type(value).__name__}): {rule}")
-
-    def positive_finite(name: str) -> bool:
-        value = settings.get(name)
-        return _is_number(value) and math.isfinite(value) and value > 0
-
-    for name in ("init_scale", "min_scale", "max_scale"):
-        if name in settings and not positive_finite(name):
-            bad(name, "must be a finite number > 0, e.g. 65536.0")
-    if "growth_factor" in settings:
-        value = settings["growth_factor"]
-        if not (_is_number(value) and math.isfinite(value) and value > 1):
-            bad("growth_factor", "must be a finite number > 1, e.g. 2.0")
-    if "backoff_factor" in settings:
-        value = settings["backoff_factor"]
-        if not (_is_number(value) and 0 < value < 1):
-            bad("backoff_factor", "must be a number in (0, 1), e.g. 0.5")
-    for name in ("growth_interval", "hysteresis"):
-        if name in settings and not (_is_int(settings[name]) and settings[name] >= 1):
-            bad(name, "must be an int >= 1, e.g. 2000 for growth_interval, 1 for hysteresis")
-    for name in ("enabled", "dynamic"):
-        if name in settings and not isinstance(settings[name], bool):
-            bad(name, "must be True or False")
-    if not problems and positive_finite("min_scale") and positive_finite("max_scale"):
-        lo, hi = settings["min_scale"], settings["max_scale"]
-        if lo > hi:
-            bad("min_scale", f"must not exceed {prefix}max_scale={hi!r}")
-        elif positive_finite("init_scale") and not lo <= settings["init_scale"] <= hi:
-            bad(
-                "init_scale",
-                f"must lie within [{prefix}min_scale, {prefix}max_scale] = [{lo!r}, {hi!r}]; "
-                "change init_scale or widen the bounds",
-            )
+    problems = _setting_problems(settings, prefix)
     if problems:
         raise ValueError("Invalid loss-scaler settings:\n- " + "\n- ".join(problems))
 
 
+#: Entries of a scaler state_dict, with what each must hold (settings are
+#: checked as in validate_scaler_settings).
+_INT32_MAX = 2**31 - 1
+_TRACKERS = {
+    "_growth_tracker": "an int in [0, 2**31 - 1] (torch keeps it in an int32 tensor)",
+    "_overflow_streak": "an int >= 0",
+}
+_SETTINGS_IN_STATE = (
+    "growth_factor", "backoff_factor", "growth_interval", "min_scale", "max_scale",
+    "hysteresis", "dynamic",
+)
+
+
 def validate_scaler_state(state: Any, source: str = "the state dict") -> None:
-    """Check a scaler ``state_dict`` before anything is loaded from it.
+    """Check a scaler ``state_dict`` field by field before anything is
+    loaded from it.
 
     Raises
     ------
     ValueError
-      Naming ``source`` and the problem: not a dict, saved from a disabled
-      scaler, missing keys (a foreign file), or a scale that is NaN, zero,
-      negative or infinite.
+      Naming ``source`` and the field: not a dict, saved from a disabled
+      scaler, missing keys (a foreign file), a scale that is NaN, zero,
+      negative, infinite or outside float32's range, a setting or tracker of
+      the wrong type or out of range, or a newer format version.
     """
     if not isinstance(state, dict):
         raise ValueError(
@@ -117,18 +173,52 @@ def validate_scaler_state(state: Any, source: str = "the state dict") -> None:
         )
     scale = state["scale"]
     if isinstance(scale, torch.Tensor):
-        scale = scale.item() if scale.numel() == 1 else float("nan")
+        scale = scale.item() if scale.numel() == 1 and not scale.is_complex() else float("nan")
     if not (_is_number(scale) and math.isfinite(scale) and scale > 0):
         raise ValueError(
             f"{source} has an invalid loss scale {scale!r}: the scale must be a finite "
             "number > 0 (a NaN or zero scale would skip every step or write NaN into "
             "the weights)."
         )
-    if not _is_int(state["_growth_tracker"]) or state["_growth_tracker"] < 0:
-        raise ValueError(
-            f"{source} has an invalid growth tracker {state['_growth_tracker']!r}: "
-            "expected an int >= 0."
+    problems = []
+    if not _in_float32_range(scale):
+        problems.append(
+            f"'scale' = {scale!r} lies outside float32's normal positive range {_RANGE} "
+            "(the scale is a float32 tensor)"
         )
+    bad_keys = sorted(repr(k) for k in state if not isinstance(k, str))
+    if bad_keys:
+        problems.append(f"keys {bad_keys[:6]} are not strings")
+    settings = {k: state[k] for k in _SETTINGS_IN_STATE if k in state}
+    problems += _setting_problems(settings, "'", quoted=True)
+    for key, rule in _TRACKERS.items():
+        limit = _INT32_MAX if key == "_growth_tracker" else math.inf
+        if key in state and not (_is_int(state[key]) and 0 <= state[key] <= limit):
+            problems.append(f"'{key}' = {describe(state[key])} must be {rule}")
+    if "ampnet_scaler_version" in state:
+        version = state["ampnet_scaler_version"]
+        if not (_is_int(version) and version >= 1):
+            problems.append(f"'ampnet_scaler_version' = {describe(version)} must be an int >= 1")
+        elif version > _STATE_VERSION:
+            problems.append(
+                f"format version {version} is newer than this ampnet reads "
+                f"({_STATE_VERSION}); upgrade ampnet"
+            )
+    if problems:
+        raise ValueError(
+            f"{source} holds an invalid loss-scaler state: " + "; ".join(problems)
+            + ". Nothing was loaded."
+        )
+
+
+def found_inf(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``scaler.unscale_(optimizer)`` found inf/NaN in this
+    optimizer's gradients during the current step (False for a disabled
+    scaler). Works for any :class:`torch.amp.GradScaler`."""
+    if not scaler.is_enabled():
+        return False
+    found = scaler._found_inf_per_device(optimizer)
+    return bool(sum(v.item() for v in found.values()))
 
 
 class GradScaler(torch.amp.GradScaler):
@@ -219,7 +309,7 @@ class GradScaler(torch.amp.GradScaler):
             growth_factor=float(growth_factor),
             backoff_factor=float(backoff_factor),
             growth_interval=int(growth_interval),
-            enabled=enabled,
+            enabled=bool(enabled),
         )
         # torch stores these only when enabled; keep them always so that a
         # disabled scaler still reports its settings.

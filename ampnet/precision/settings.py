@@ -16,7 +16,8 @@ from typing import Any, Mapping
 
 import torch
 
-from ampnet.precision.policy import PrecisionPolicy, check_bool, describe, resolve_precision
+from ampnet.precision.policy import PrecisionPolicy, check_bool, resolve_precision
+from ampnet.validation import describe
 from ampnet.precision.scaler import GradScaler, validate_scaler_settings
 from ampnet.precision.selectors import parse_selectors
 
@@ -77,18 +78,13 @@ def read_settings(params: Mapping[str, Any]) -> PrecisionSettings:
     if not _is_bool(skip):
         raise ValueError(f"amp_skip_nonfinite must be True or False; got {describe(skip)}.")
     scaler = params.get("grad_scaler", GradScaler)
-    if not (isinstance(scaler, GradScaler) or (isinstance(scaler, type) and issubclass(scaler, GradScaler))):
+    if not (
+        isinstance(scaler, torch.amp.GradScaler)
+        or (isinstance(scaler, type) and issubclass(scaler, torch.amp.GradScaler))
+    ):
         raise ValueError(
             "grad_scaler must be a torch.amp.GradScaler subclass or instance, such as "
             f"ampnet.GradScaler; got {describe(scaler)}."
-            + (
-                " torch's own GradScaler reads the device on every step; ampnet's subclass "
-                "keeps the step free of host syncs. Fix: grad_scaler=ampnet.GradScaler "
-                "(the same settings are grad_scaler__init_scale=..., ...)."
-                if isinstance(scaler, torch.amp.GradScaler)
-                or (isinstance(scaler, type) and issubclass(scaler, torch.amp.GradScaler))
-                else ""
-            )
         )
     policy = resolve_precision(
         params.get("amp_enabled", False),
@@ -138,7 +134,7 @@ def read_settings(params: Mapping[str, Any]) -> PrecisionSettings:
             "the loss scaler cannot unscale float16 gradients in place. Fix: keep "
             "amp_master_weights=True, or use amp_dtype='bfloat16'."
         )
-    if isinstance(scaler, GradScaler) and scaler.is_enabled() and not policy.uses_scaler and forced is None:
+    if isinstance(scaler, torch.amp.GradScaler) and scaler.is_enabled() and not policy.uses_scaler and forced is None:
         raise ValueError(
             f"An enabled grad_scaler instance was passed, but {policy.name} "
             "training uses no loss scaling (bfloat16 has the range of float32). "
@@ -173,6 +169,8 @@ def _scaler_kwargs(scaler: Any, params: Mapping[str, Any]) -> dict[str, Any]:
         )
     if isinstance(scaler, GradScaler):
         defaults = {k: v for k, v in scaler.get_settings().items() if k in ("init_scale", "min_scale", "max_scale")}
+    elif isinstance(scaler, torch.amp.GradScaler):
+        defaults = {"init_scale": scaler.get_scale()} if scaler.is_enabled() else {}
     else:
         defaults = {
             name: p.default for name, p in inspect.signature(cls).parameters.items()

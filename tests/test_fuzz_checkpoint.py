@@ -1,0 +1,630 @@
+"""Fuzz test: every file of a checkpoint is untrusted.
+
+Many randomly corrupted versions of each checkpoint file (truncated,
+bit-flipped, overwritten, wrong-typed or missing fields, foreign files: a
+file of another slot or of another run) and planted journals are loaded in
+one subprocess. Each load must either succeed (and the net must then
+predict, train a step and draw random numbers without error) or raise a
+ValueError/OSError that names the file; after a refusal the net must be
+exactly as before (parameters, optimizer, criterion, history, loss scaler,
+LR scheduler, device and every RNG). The subprocess must never die.
+
+Run by pytest; also runnable by hand::
+
+    python tests/test_fuzz_checkpoint.py WORKDIR RESULT.json [SEED]
+"""
+
+import copy
+import json
+import math
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+import warnings
+
+import numpy as np
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SEED = 20240610
+
+# slot -> file name, as Checkpoint(dirname=...) saves them
+FILES = {
+    "f_params": "params.pt",
+    "f_optimizer": "optimizer.pt",
+    "f_criterion": "criterion.pt",
+    "f_history": "history.json",
+    "f_grad_scaler": "grad_scaler.pt",
+    "f_rng_state": "rng_state.pt",
+    "f_lr_schedulers": "lr_schedulers.json",
+}
+
+
+def test_fuzzed_checkpoints_load_or_are_refused_without_changing_the_net(tmp_path):
+    result = tmp_path / "result.json"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONHASHSEED="0")
+    started = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, __file__, str(tmp_path / "work"), str(result), str(SEED)],
+        cwd=os.path.dirname(HERE),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    elapsed = time.perf_counter() - started
+    progress = tmp_path / "work" / "progress.txt"
+    last = progress.read_text().splitlines()[-1:] if progress.exists() else []
+    assert proc.returncode == 0, (
+        f"the loading process died (exit code {proc.returncode}) at case {last}:\n{proc.stderr[-3000:]}"
+    )
+    report = json.loads(result.read_text())
+    print(
+        f"\nfuzz: {report['cases']} cases ({report['refused']} refused, {report['loaded']} "
+        f"loaded) in {elapsed:.1f} s"
+    )
+    assert report["failures"] == [], "\n".join(report["failures"][:20])
+    # every kind of corruption ran, for every file, and both outcomes occurred
+    assert report["cases"] >= 500
+    assert set(report["slots"]) >= set(FILES) | {"journal"}
+    assert {"truncate", "bitflip", "field", "foreign", "other-run"} <= set(report["kinds"])
+    assert report["refused"] > 0 and report["loaded"] > 0
+
+
+# ---- the worker (runs in the subprocess) ------------------------------------
+
+
+def _where(exc):
+    """The innermost frames of ``exc``'s traceback, for a failure report."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)[-8:]
+    return " <- ".join(f"{os.path.basename(f.filename)}:{f.lineno}" for f in reversed(frames))
+
+
+def _worker(workdir, result_path, seed):
+    # this checkout's ampnet and the test helpers, whatever is installed
+    sys.path[:0] = [os.path.dirname(HERE), HERE]
+    torch.set_num_threads(1)
+    warnings.simplefilter("ignore")
+    from skorch.callbacks import LRScheduler
+
+    from ampnet import AmpNetClassifier
+    from ampnet.io.atomic import JOURNAL_NAME, TEMP_SUFFIX
+    from ampnet.callbacks.checkpoint import Checkpoint, LoadInitState
+    from resume_script import Tiny, make_data
+
+    class Wide(Tiny):
+        def __init__(self):
+            super().__init__()
+            self.hidden = torch.nn.Linear(4, 12)
+            self.out = torch.nn.Linear(12, 2)
+
+    X, y = make_data()
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    os.makedirs(workdir, exist_ok=True)
+    progress = open(os.path.join(workdir, "progress.txt"), "w")
+
+    def make_net(module=Tiny, precision="float16", callbacks=(), **kwargs):
+        return AmpNetClassifier(
+            module,
+            amp_enabled=True,
+            amp_dtype=precision,
+            optimizer=torch.optim.Adam,
+            lr=0.05,
+            batch_size=16,
+            max_epochs=2,
+            train_split=None,
+            verbose=0,
+            grad_scaler__init_scale=2.0**20,
+            grad_scaler__growth_interval=2,
+            callbacks=[LRScheduler(torch.optim.lr_scheduler.StepLR, step_size=1, gamma=0.5), *callbacks],
+            **kwargs,
+        )
+
+    def save_run(dirname, module, precision, safetensors=False):
+        torch.manual_seed(0)
+        np.random.seed(0)
+        random.seed(0)
+        cp = Checkpoint(
+            monitor=None,
+            dirname=dirname,
+            use_safetensors=safetensors,
+            f_optimizer=None if safetensors else "optimizer.pt",
+        )
+        make_net(module, precision, callbacks=[cp]).fit(X, y)
+        history = os.path.join(dirname, "history.json")
+        with open(history) as f:
+            rows = json.load(f)
+        for row in rows:  # the wall-clock durations would make the bytes differ per run
+            row["dur"] = 0.25
+        with open(history, "w") as f:
+            json.dump(rows, f)
+        return cp
+
+    pristine = os.path.join(workdir, "pristine")
+    save_run(pristine, Tiny, "float16")
+    other = os.path.join(workdir, "other")  # another run: wider module, bfloat16
+    save_run(other, Wide, "bfloat16")
+    pristine_st = os.path.join(workdir, "pristine_st")
+    save_run(pristine_st, Tiny, "float16", safetensors=True)
+    ckpt = os.path.join(workdir, "ckpt")
+    victims = os.path.join(workdir, "victims")
+    os.makedirs(victims)
+    victim_files = {}
+    for name in ("victim.txt", "dot_bashrc"):
+        victim_files[os.path.join(victims, name)] = f"precious {name}\n".encode()
+    for path, data in victim_files.items():
+        with open(path, "wb") as f:
+            f.write(data)
+
+    def reset(source):
+        if os.path.lexists(ckpt):
+            if os.path.islink(ckpt) or not os.path.isdir(ckpt):
+                os.remove(ckpt)
+            else:
+                shutil.rmtree(ckpt)
+        shutil.copytree(source, ckpt)
+
+    # ---- comparing the net before and after a refused load ---------------
+
+    def state_of(net):
+        sched = [
+            (
+                name,
+                copy.deepcopy(cb.lr_scheduler_.state_dict()) if cb.lr_scheduler_ else None,
+                getattr(cb, "batch_idx_", None),
+            )
+            for name, cb in net.callbacks_
+            if isinstance(cb, LRScheduler)
+        ]
+        np_state = np.random.get_state(legacy=False)
+        return {
+            "params": {k: v.clone() for k, v in net.module_.state_dict().items()},
+            "optimizer": copy.deepcopy(net.optimizer_.state_dict()),
+            "criterion": copy.deepcopy(net.criterion_.state_dict()),
+            "history": copy.deepcopy(net.history.to_list()),
+            "scaler": copy.deepcopy(net.grad_scaler_.state_dict()),
+            "scaler_attrs": {
+                k: v for k, v in vars(net.grad_scaler_).items() if k != "_per_optimizer_states"
+            },
+            "schedulers": sched,
+            "device": net.device,
+            "torch_rng": torch.get_rng_state(),
+            "numpy_rng": [
+                np_state["state"]["key"].tolist(),
+                np_state["state"]["pos"],
+                np_state["has_gauss"],
+                np_state["gauss"],
+            ],
+            "python_rng": random.getstate(),
+        }
+
+    def differences(a, b, path="net"):
+        if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+            same = (
+                isinstance(a, torch.Tensor)
+                and isinstance(b, torch.Tensor)
+                and a.dtype == b.dtype
+                and a.shape == b.shape
+                and torch.equal(
+                    a.reshape(-1).view(torch.uint8) if a.dtype != torch.bool else a,
+                    b.reshape(-1).view(torch.uint8) if b.dtype != torch.bool else b,
+                )
+            )
+            return [] if same else [path]
+        if isinstance(a, dict) and isinstance(b, dict):
+            if a.keys() != b.keys():
+                return [f"{path} keys"]
+            return [d for k in a for d in differences(a[k], b[k], f"{path}[{k!r}]")]
+        if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+            if len(a) != len(b):
+                return [f"{path} length"]
+            return [d for i, (u, v) in enumerate(zip(a, b)) for d in differences(u, v, f"{path}[{i}]")]
+        if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+            return []
+        return [] if type(a) is type(b) and a == b else [f"{path}: {a!r} != {b!r}"]
+
+    # ---- one case ---------------------------------------------------------
+
+    report = {
+        "cases": 0,
+        "refused": 0,
+        "loaded": 0,
+        "failures": [],
+        "slots": [],
+        "kinds": [],
+        "outcomes": [],
+    }
+
+    def target_net(safetensors):
+        net = make_net().initialize()
+        # without an optimizer file (safetensors) skorch cannot rebuild a resumed
+        # scheduler, so that checkpoint loads only through load_params
+        if safetensors or rng.random() < 0.5:  # schedulers running, as during training
+            for _, cb in net.callbacks_:
+                if isinstance(cb, LRScheduler):
+                    cb.on_train_begin(net)
+            return net, "load_params"
+        return net, "LoadInitState"
+
+    def run_case(slot, kind, named, safetensors=False, after=None):
+        case = f"{report['cases']}:{slot}:{kind}"
+        progress.write(case + "\n")
+        progress.flush()
+        report["cases"] += 1
+        if slot not in report["slots"]:
+            report["slots"].append(slot)
+        if kind not in report["kinds"]:
+            report["kinds"].append(kind)
+        cp = Checkpoint(
+            monitor=None,
+            dirname=ckpt,
+            use_safetensors=safetensors,
+            f_optimizer=None if safetensors else "optimizer.pt",
+        )
+        cp.initialize()
+        net, mode = target_net(safetensors)
+        before = state_of(net)
+        listing = {
+            n: open(os.path.join(ckpt, n), "rb").read()
+            for n in sorted(os.listdir(ckpt))
+            if os.path.isfile(os.path.join(ckpt, n)) and not os.path.islink(os.path.join(ckpt, n))
+        }
+        try:
+            if mode == "load_params":
+                net.load_params(checkpoint=cp, use_safetensors=safetensors)
+            else:
+                lis = LoadInitState(cp, use_safetensors=safetensors).initialize()
+                lis.on_train_begin(net)
+                for _, cb in net.callbacks_:
+                    if isinstance(cb, LRScheduler):
+                        cb.on_train_begin(net)
+                lis.on_epoch_begin(net)
+        except (ValueError, OSError) as exc:
+            report["refused"] += 1
+            report["outcomes"].append("refused")
+            text = str(exc)
+            if named not in text:
+                report["failures"].append(
+                    f"{case} ({mode}): the error does not name {named!r}: {text[:300]}"
+                )
+            changed = differences(before, state_of(net))
+            if changed:
+                report["failures"].append(
+                    f"{case} ({mode}): refused ({text[:150]}) but changed {changed[:3]}"
+                )
+            now = {
+                n: open(os.path.join(ckpt, n), "rb").read()
+                for n in listing
+                if os.path.isfile(os.path.join(ckpt, n))
+            }
+            if slot == "journal" and now != listing:
+                report["failures"].append(f"{case}: a refused journal changed the checkpoint directory")
+        except Exception as exc:  # noqa: BLE001 - any other error is a finding
+            report["outcomes"].append("error")
+            report["failures"].append(
+                f"{case} ({mode}): {type(exc).__name__}: {str(exc)[:300]} at {_where(exc)}"
+            )
+        else:
+            report["loaded"] += 1
+            report["outcomes"].append("loaded")
+            try:  # a loaded net must work: random numbers, prediction, a training step
+                np.random.rand(3), random.random(), torch.rand(3)
+                net.predict_proba(X[:8])
+                net.partial_fit(X[:16], y[:16])
+            except Exception as exc:  # noqa: BLE001
+                report["failures"].append(
+                    f"{case} ({mode}): loaded, then {type(exc).__name__}: {str(exc)[:300]} at {_where(exc)}"
+                )
+        for path, data in victim_files.items():
+            if not os.path.isfile(path) or open(path, "rb").read() != data:
+                report["failures"].append(f"{case}: {path} outside the checkpoint was changed")
+                with open(path, "wb") as f:
+                    f.write(data)
+        if after is not None:
+            after()
+
+    # ---- corruptions --------------------------------------------------------
+
+    def wrong_value(json_only):
+        pool = [
+            None,
+            True,
+            False,
+            "x",
+            "",
+            -1,
+            0,
+            1,
+            3.5,
+            2**62,
+            1e39,
+            -1e39,
+            1e-50,
+            float("nan"),
+            float("inf"),
+            -float("inf"),
+            [],
+            {},
+            [1, "a"],
+            {"a": None},
+            "../../victim.txt",
+            [[[[]]]],
+        ]
+        if not json_only:
+            pool += [
+                torch.tensor(7),
+                torch.zeros(3),
+                torch.tensor([float("nan")]),
+                torch.zeros(2, 2, dtype=torch.int64),
+                torch.tensor(True),
+                torch.full((5,), 2**40),
+                torch.zeros(0),
+                (1, 2),
+            ]
+        return copy.deepcopy(rng.choice(pool))
+
+    def mutate_tensor(t):
+        choice = rng.randrange(7)
+        if choice == 0 and t.numel():
+            t = t.clone().reshape(-1)
+            extreme = (
+                [-1, 0, 624, 625, 2**32, 2**40, -(2**40)]
+                if not t.is_floating_point()
+                else [float("nan"), float("inf"), -float("inf"), 1e39, 0.0, -1.0]
+            )
+            value = rng.choice(extreme)
+            try:
+                t[rng.randrange(t.numel())] = value
+            except (RuntimeError, OverflowError):
+                t.zero_()
+            return t.reshape(-1)
+        if choice == 1:
+            return torch.zeros_like(t)
+        if choice == 2:
+            return t.to(
+                rng.choice(
+                    [
+                        torch.float32,
+                        torch.float64,
+                        torch.int32,
+                        torch.int64,
+                        torch.uint8,
+                        torch.bool,
+                        torch.float16,
+                    ]
+                )
+            )
+        if choice == 3:
+            flat = t.reshape(-1)
+            return flat[:-1].clone() if flat.numel() else torch.zeros(2)
+        if choice == 4:
+            return t.unsqueeze(0).clone()
+        if choice == 5:
+            return torch.cat([t.reshape(-1), t.reshape(-1)[:1]]).clone() if t.numel() else torch.ones(1)
+        return torch.randint(-(2**31), 2**31, t.shape).to(t.dtype) if t.dtype != torch.bool else ~t
+
+    def nodes_of(obj, depth=0):
+        found = []
+        if isinstance(obj, dict):
+            for key, value in obj.items():
+                found.append((obj, key))
+                found += nodes_of(value, depth + 1)
+        elif isinstance(obj, list):
+            for index, value in enumerate(obj):
+                found.append((obj, index))
+                found += nodes_of(value, depth + 1)
+        return found
+
+    def listify(obj):
+        if isinstance(obj, tuple):
+            return [listify(v) for v in obj]
+        if isinstance(obj, list):
+            return [listify(v) for v in obj]
+        if isinstance(obj, dict):
+            return type(obj)((k, listify(v)) for k, v in obj.items())
+        return obj
+
+    def mutate_structure(obj, json_only):
+        obj = listify(obj)
+        nodes = nodes_of(obj)
+        if not nodes:
+            return wrong_value(json_only) if rng.random() < 0.5 else {"fuzz": wrong_value(json_only)}
+        parent, key = rng.choice(nodes)
+        action = rng.randrange(4)
+        if action == 0 or (action == 3 and not isinstance(parent[key], torch.Tensor)):
+            parent[key] = wrong_value(json_only)
+        elif action == 1:
+            del parent[key]
+        elif action == 2:
+            if isinstance(parent, dict):
+                parent[rng.choice(["fuzz", "cuda.x", "cuda.7", "_overflow_streak", "lr", 3])] = wrong_value(
+                    json_only
+                )
+            else:
+                parent.append(wrong_value(json_only))
+        else:
+            parent[key] = mutate_tensor(parent[key])
+        return obj
+
+    def write(path, data):
+        with open(path, "wb") as f:
+            f.write(data)
+
+    def bytes_corruption(data, kind):
+        data = bytearray(data)
+        if kind == "truncate":
+            return bytes(data[: rng.randrange(max(len(data), 1))])
+        if kind == "bitflip":
+            for _ in range(rng.randint(1, 8)):
+                if data:
+                    i = rng.randrange(len(data))
+                    data[i] ^= 1 << rng.randrange(8)
+            return bytes(data)
+        if kind == "overwrite":
+            if data:
+                start = rng.randrange(len(data))
+                size = rng.randint(1, 64)
+                data[start : start + size] = bytes(rng.randrange(256) for _ in range(size))
+            return bytes(data)
+        if kind == "append":
+            return bytes(data) + bytes(rng.randrange(256) for _ in range(rng.randint(1, 100)))
+        if kind == "empty":
+            return b""
+        return bytes(rng.randrange(256) for _ in range(rng.randint(1, 2000)))  # "garbage"
+
+    def fuzz_slot(slot, source, safetensors, n_bytes, n_fields):
+        name = FILES[slot]
+        path = os.path.join(ckpt, name)
+        original = open(os.path.join(source, name), "rb").read()
+        is_json = name.endswith(".json")
+        kinds = ["truncate", "bitflip", "overwrite", "append", "empty", "garbage"]
+        for i in range(n_bytes):
+            reset(source)
+            kind = kinds[i % len(kinds)] if i < len(kinds) else rng.choice(kinds[:4])
+            write(path, bytes_corruption(original, kind))
+            run_case(slot, kind, path, safetensors)
+        for _ in range(n_fields):
+            reset(source)
+            if is_json:
+                obj = mutate_structure(json.loads(original), json_only=True)
+                write(path, json.dumps(obj).encode())
+            elif safetensors:
+                from safetensors.torch import load, save
+
+                obj = mutate_structure(dict(sorted(load(original).items())), json_only=False)
+                tensors = (
+                    {str(k): v for k, v in obj.items() if isinstance(v, torch.Tensor)}
+                    if isinstance(obj, dict)
+                    else {}
+                )
+                write(path, save({k: v.contiguous() for k, v in tensors.items()}))
+            else:
+                import io
+
+                obj = torch.load(io.BytesIO(original), weights_only=True)
+                buffer = io.BytesIO()
+                torch.save(mutate_structure(obj, json_only=False), buffer)
+                write(path, buffer.getvalue())
+            run_case(slot, "field", path, safetensors)
+        if is_json:  # nested too deeply for the JSON reader
+            reset(source)
+            depth = rng.choice([200, 5000, 100000])
+            write(path, b"[" * depth + b"]" * depth)
+            run_case(slot, "deep", path, safetensors)
+        for other_slot, other_name in FILES.items():  # a file of another slot
+            if other_slot == slot or not os.path.exists(os.path.join(source, other_name)):
+                continue
+            reset(source)
+            shutil.copyfile(os.path.join(source, other_name), path)
+            run_case(slot, "foreign", path, safetensors)
+        if not safetensors:  # the same slot of another run
+            reset(source)
+            shutil.copyfile(os.path.join(other, name), path)
+            run_case(slot, "other-run", path, safetensors)
+
+    for slot in FILES:
+        fuzz_slot(slot, pristine, False, n_bytes=16, n_fields=30)
+    for slot in ("f_params", "f_grad_scaler", "f_rng_state"):
+        fuzz_slot(slot, pristine_st, True, n_bytes=10, n_fields=15)
+
+    # ---- planted journals -----------------------------------------------------
+
+    journal = os.path.join(ckpt, JOURNAL_NAME)
+    hexname = "0123456789ab"
+    valid_temp = f".params.pt.{hexname}{TEMP_SUFFIX}"
+    victim = os.path.join(victims, "victim.txt")
+    names = [
+        valid_temp,
+        "params.pt",
+        victim,
+        os.path.join("..", "victims", "victim.txt"),
+        os.path.join("sub", "..", "..", "victims", "victim.txt"),
+        "..",
+        ".",
+        "",
+        "x\x00y",
+        f".victim.txt.{hexname}{TEMP_SUFFIX}",
+        f"../.victim.txt.{hexname}{TEMP_SUFFIX}",
+        f".params.pt.{hexname[:-1]}{TEMP_SUFFIX}",
+        f".history.json.{hexname}{TEMP_SUFFIX}",
+        JOURNAL_NAME,
+        "../" + JOURNAL_NAME,
+        1,
+        None,
+        ["a"],
+        "/",
+        "..\\victim.txt",
+    ]
+
+    def random_journal():
+        shape = rng.randrange(10)
+        if shape == 0:
+            return bytes_corruption(
+                json.dumps({"ampnet_journal_version": 1, "moves": [], "journals": [JOURNAL_NAME]}).encode(),
+                rng.choice(["truncate", "bitflip", "overwrite", "garbage"]),
+            )
+        data = {
+            "ampnet_journal_version": 1,
+            "moves": [[rng.choice(names), rng.choice(names)] for _ in range(rng.randint(0, 3))],
+            "journals": [rng.choice(names) for _ in range(rng.randint(0, 2))],
+        }
+        if shape == 1:
+            data["ampnet_journal_version"] = wrong_value(True)
+        elif shape == 2:
+            del data[rng.choice(sorted(data))]
+        elif shape == 3:
+            data[rng.choice(["moves", "journals"])] = wrong_value(True)
+        elif shape == 4:
+            data["extra"] = 1
+        elif shape == 5:
+            data = {
+                "ampnet_journal_version": 1,
+                "moves": [[valid_temp, "params.pt"]],
+                "journals": [JOURNAL_NAME],
+            }
+        return json.dumps(data).encode()
+
+    def clean_journal():
+        for n in os.listdir(ckpt):
+            if n == JOURNAL_NAME or n.endswith(TEMP_SUFFIX):
+                p = os.path.join(ckpt, n)
+                if os.path.isdir(p) and not os.path.islink(p):
+                    shutil.rmtree(p)
+                else:
+                    os.remove(p)
+
+    for i in range(70):
+        reset(pristine)
+        extra = rng.randrange(4)
+        if extra == 1:  # a temporary-file name that links outside
+            os.symlink(victim, os.path.join(ckpt, valid_temp))
+        elif extra == 2:  # a real pending save of params.pt
+            shutil.copyfile(os.path.join(pristine, "params.pt"), os.path.join(ckpt, valid_temp))
+        if i == 0:  # a journal that is a link to one outside
+            outside = os.path.join(victims, "planted.json")
+            write(
+                outside,
+                json.dumps({"ampnet_journal_version": 1, "moves": [], "journals": [JOURNAL_NAME]}).encode(),
+            )
+            os.symlink(outside, journal)
+        elif i == 1:  # a directory in the journal's place
+            os.mkdir(journal)
+        elif i == 2:  # too large
+            write(journal, b" " * (2 << 20))
+        else:
+            write(journal, random_journal())
+        run_case("journal", "journal", journal, after=clean_journal)
+
+    progress.close()
+    with open(result_path, "w") as f:
+        json.dump(report, f)
+
+
+if __name__ == "__main__":
+    _worker(sys.argv[1], sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else SEED)

@@ -1,0 +1,1345 @@
+"""Every file a load reads is untrusted: journals stay in their directory,
+RNG/scaler/optimizer/history/scheduler states are checked field by field,
+a load is all or nothing, and write errors name the file.
+
+One test (at least) per defect of issue 10; the fuzz test in
+test_fuzz_checkpoint.py covers random corruptions of every file.
+"""
+
+import copy
+import errno
+import json
+import multiprocessing
+import os
+import pickle
+import random
+import re
+import signal
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from skorch.callbacks import LRScheduler
+
+import ampnet.io.files
+from ampnet import AmpNetClassifier, GradScaler
+from ampnet.io.atomic import JOURNAL_NAME, TEMP_SUFFIX, recover
+from ampnet.callbacks.checkpoint import Checkpoint, LoadInitState
+from ampnet.exceptions import AmpWarning
+from ampnet.io.rng import PreparedRngState, get_rng_state
+from ampnet.precision.scaler import FLOAT32_MAX, FLOAT32_TINY
+from resume_script import Tiny, differences, make_data
+
+FILES = ("f_params", "f_optimizer", "f_criterion", "f_history", "f_grad_scaler", "f_rng_state")
+NOTICES = "float16 autocast on CPU|this CPU has no native bfloat16"
+
+
+class Wide(Tiny):
+    def __init__(self):
+        super().__init__()
+        self.hidden = torch.nn.Linear(4, 12)
+        self.out = torch.nn.Linear(12, 2)
+
+
+def tiny_net(module=Tiny, precision="float16", **kwargs):
+    params = dict(
+        optimizer=torch.optim.Adam,
+        lr=0.05,
+        batch_size=16,
+        max_epochs=2,
+        train_split=None,
+        verbose=0,
+        amp_enabled=True,
+        amp_dtype=precision,
+        grad_scaler__init_scale=2.0**20,
+        grad_scaler__growth_interval=3,
+    )
+    params.update(kwargs)
+    return AmpNetClassifier(module, **params)
+
+
+def quietly(fn, *args, **kwargs):
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=NOTICES, category=AmpWarning)
+        return fn(*args, **kwargs)
+
+
+def _plain(obj):
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    return obj
+
+
+def snapshot(net):
+    """Everything a load may change, RNGs included (copied)."""
+    return copy.deepcopy(
+        {
+            "params": net.module_.state_dict(),
+            "optimizer": net.optimizer_.state_dict(),
+            "scaler": net.grad_scaler_.state_dict(),
+            "history": net.history.to_list(),
+            "device": net.device,
+            "torch_rng": torch.get_rng_state(),
+            "numpy_rng": _plain(np.random.get_state(legacy=False)),
+            "python_rng": random.getstate(),
+        }
+    )
+
+
+def paths(root, names=FILES):
+    ext = {"f_history": ".json"}
+    return {name: str(Path(root) / f"{name[2:]}{ext.get(name, '.pt')}") for name in names}
+
+
+@pytest.fixture(scope="module")
+def data():
+    return make_data()
+
+
+@pytest.fixture(scope="module")
+def fitted(data):
+    """An fp16 net fitted for two epochs (do not mutate)."""
+    torch.manual_seed(0)
+    net = tiny_net()
+    quietly(net.fit, *data)
+    return net
+
+
+@pytest.fixture
+def saved(tmp_path, fitted):
+    files = paths(tmp_path / "ckpt")
+    os.makedirs(tmp_path / "ckpt")
+    fitted.save_params(**files)
+    return files
+
+
+def refused_unchanged(net, files, *match):
+    """Load ``files`` into ``net``: a ValueError matching each of ``match``,
+    and the net exactly as before."""
+    before = snapshot(net)
+    with pytest.raises(ValueError) as info:
+        net.load_params(**files)
+    for pattern in match:
+        info.match(pattern)
+    assert differences(snapshot(net), before) == []
+    return info
+
+
+# ---- 1. journals stay inside their directory -------------------------------------
+
+
+def test_planted_journal_of_the_issue_touches_nothing(tmp_path, fitted):
+    """The probe of issue 10: a downloaded folder with a journal that moves a
+    file onto ../dot_bashrc and deletes ../victim.txt."""
+    dl = tmp_path / "dl"
+    dl.mkdir()
+    fitted.save_params(f_params=str(dl / "model.pt"))
+    (tmp_path / "victim.txt").write_text("precious")
+    (tmp_path / "dot_bashrc").write_text("mine")
+    (dl / "payload.txt").write_text("evil")
+    journal = dl / JOURNAL_NAME
+    journal.write_text(
+        json.dumps(
+            {
+                "ampnet_journal_version": 1,
+                "moves": [["payload.txt", "../dot_bashrc"]],
+                "journals": ["../victim.txt"],
+            }
+        )
+    )
+    net = tiny_net().initialize()
+    before = snapshot(net)
+    with pytest.raises(ValueError, match=re.escape(repr(str(journal))) + " is not an ampnet journal"):
+        net.load_params(f_params=str(dl / "model.pt"))
+    assert (tmp_path / "victim.txt").read_text() == "precious"
+    assert (tmp_path / "dot_bashrc").read_text() == "mine"
+    assert (dl / "payload.txt").read_text() == "evil" and journal.exists()
+    assert differences(snapshot(net), before) == []
+
+
+def _entries(tmp_path):
+    """Journal entries that point outside the directory or at files that are
+    not ampnet temporary files, in every spelling."""
+    outside = str(tmp_path / "victim.txt")
+    temp = f".model.pt.0123456789ab{TEMP_SUFFIX}"
+    return {
+        "absolute target": {"moves": [[temp, outside]]},
+        "absolute source": {"moves": [[outside, "model.pt"]]},
+        "dotdot target": {"moves": [[temp, "../victim.txt"]]},
+        "nested dotdot": {"moves": [[temp, "sub/../../victim.txt"]]},
+        "dotdot temp name": {"moves": [[f"../.victim.txt.0123456789ab{TEMP_SUFFIX}", "../victim.txt"]]},
+        "not a temp name": {"moves": [["payload.txt", "model.pt"]]},
+        "temp of another file": {"moves": [[temp, "other.pt"]]},
+        "short random part": {"moves": [[f".model.pt.0123{TEMP_SUFFIX}", "model.pt"]]},
+        "dot target": {"moves": [[".0123456789ab" + TEMP_SUFFIX, "."]]},
+        "onto the journal": {"moves": [[f".{JOURNAL_NAME}.0123456789ab{TEMP_SUFFIX}", JOURNAL_NAME]]},
+        "two onto one": {"moves": [[temp, "model.pt"], [temp, "model.pt"]]},
+        "journal elsewhere": {"journals": ["../victim.txt"]},
+        "absolute journal": {"journals": [outside]},
+        "nul byte": {"moves": [[temp + "\x00", "model.pt"]]},
+    }
+
+
+@pytest.mark.parametrize("case", list(_entries(Path("/x"))))
+def test_journal_entries_outside_the_directory_are_refused(tmp_path, case):
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    (d / "model.pt").write_text("old")
+    (d / "payload.txt").write_text("evil")
+    temp = d / f".model.pt.0123456789ab{TEMP_SUFFIX}"
+    temp.write_text("new")
+    data = {"ampnet_journal_version": 1, "moves": [], "journals": [JOURNAL_NAME]}
+    data.update(_entries(tmp_path)[case])
+    (d / JOURNAL_NAME).write_text(json.dumps(data))
+    before = {p.name: p.read_bytes() for p in d.iterdir()}
+    with pytest.raises(
+        ValueError, match=re.escape(repr(str(d / JOURNAL_NAME))) + " is not an ampnet journal"
+    ):
+        recover([str(d)])
+    assert victim.read_text() == "precious"
+    assert {p.name: p.read_bytes() for p in d.iterdir()} == before  # nothing touched
+
+
+def test_journal_with_a_linked_temporary_file_is_refused(tmp_path):
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    temp = d / f".model.pt.0123456789ab{TEMP_SUFFIX}"
+    temp.symlink_to(victim)
+    (d / JOURNAL_NAME).write_text(
+        json.dumps(
+            {"ampnet_journal_version": 1, "moves": [[temp.name, "model.pt"]], "journals": [JOURNAL_NAME]}
+        )
+    )
+    with pytest.raises(ValueError, match="is a symbolic link"):
+        recover([str(d)])
+    assert temp.is_symlink() and not (d / "model.pt").exists()
+    assert victim.read_text() == "precious"
+
+
+def test_journal_that_is_a_link_or_a_directory_is_refused(tmp_path):
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    outside = tmp_path / "j.json"
+    outside.write_text(json.dumps({"ampnet_journal_version": 1, "moves": [], "journals": [JOURNAL_NAME]}))
+    (d / JOURNAL_NAME).symlink_to(outside)
+    with pytest.raises(ValueError, match="it is a symbolic link"):
+        recover([str(d)])
+    assert outside.exists() and (d / JOURNAL_NAME).is_symlink()
+    (d / JOURNAL_NAME).unlink()
+    (d / JOURNAL_NAME).mkdir()
+    with pytest.raises(ValueError, match="it is not a regular file"):
+        recover([str(d)])
+
+
+@pytest.mark.parametrize(
+    "content, problem",
+    [
+        (b"\xff\xfe\x00garbage", "it is not UTF-8 JSON"),
+        (b"{not json", "it is not UTF-8 JSON"),
+        (b"[" * 100000 + b"]" * 100000, "it is not UTF-8 JSON"),
+        (b"[1, 2]", "expected a JSON object, got list"),
+        (
+            b'{"ampnet_journal_version": 1, "journals": []}',
+            r"expected the keys .* found \['ampnet_journal_version', 'journals'\]",
+        ),
+        (b'{"ampnet_journal_version": 1, "moves": [], "journals": [], "x": 1}', "expected the keys"),
+        (
+            b'{"ampnet_journal_version": true, "moves": [], "journals": []}',
+            "ampnet_journal_version is True",
+        ),
+        (b'{"ampnet_journal_version": 2, "moves": [], "journals": []}', "ampnet_journal_version is 2"),
+        (b'{"ampnet_journal_version": 1, "moves": "x", "journals": []}', "must be lists"),
+        (b'{"ampnet_journal_version": 1, "moves": [[1, 2]], "journals": []}', r"the move \[1, 2\]"),
+        (
+            b'{"ampnet_journal_version": 1, "moves": [["a"]], "journals": []}',
+            "is not a .temporary, final. pair",
+        ),
+        (b'{"ampnet_journal_version": 1, "moves": [], "journals": [null]}', "'journals' may list only"),
+        (b" " * (2 << 20), "larger than"),
+    ],
+)
+def test_garbage_journals_raise_value_error_naming_the_journal(tmp_path, content, problem):
+    (tmp_path / JOURNAL_NAME).write_bytes(content)
+    with pytest.raises(ValueError, match=problem) as info:
+        recover([str(tmp_path)])
+    info.match(re.escape(repr(str(tmp_path / JOURNAL_NAME))))
+    assert (tmp_path / JOURNAL_NAME).read_bytes() == content
+
+
+def test_group_in_two_directories_writes_one_confined_journal_each(tmp_path, fitted, monkeypatch):
+    """Each directory's journal lists only its own files, so a killed save
+    still completes in every directory."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    files = {"f_params": str(a / "p.pt"), "f_optimizer": str(a / "o.pt"), "f_history": str(b / "h.json")}
+    real_replace = os.replace
+
+    def killed_after_journals(src, dst):
+        if not dst.endswith(JOURNAL_NAME):
+            raise KeyboardInterrupt
+        real_replace(src, dst)
+
+    monkeypatch.setattr(ampnet.io.atomic.os, "replace", killed_after_journals)
+    with pytest.raises(KeyboardInterrupt):
+        fitted.save_params(**files)
+    monkeypatch.undo()
+    moves = {d: json.loads((d / JOURNAL_NAME).read_text())["moves"] for d in (a, b)}
+    assert sorted(final for _, final in moves[a]) == ["o.pt", "p.pt"]
+    assert [final for _, final in moves[b]] == ["h.json"]
+    net = tiny_net().initialize()
+    net.load_params(**files)  # recovers both directories first
+    assert differences(net.module_.state_dict(), fitted.module_.state_dict()) == []
+    assert len(net.history) == len(fitted.history)
+    assert not list(a.glob("*" + TEMP_SUFFIX)) and not (b / JOURNAL_NAME).exists()
+
+
+def test_formatted_file_names_cannot_leave_the_checkpoint(tmp_path, fitted):
+    """A history value used in a file-name template cannot move the file
+    out of the checkpoint's directory."""
+    cp = Checkpoint(
+        monitor=None,
+        dirname=str(tmp_path / "cp"),
+        f_params="params_{last_epoch[tag]}.pt",
+        f_optimizer=None,
+        f_criterion=None,
+        f_grad_scaler=None,
+        f_rng_state=None,
+        f_lr_schedulers=None,
+        event_name=None,
+    )
+    cp.initialize()
+    net = copy.deepcopy(fitted)
+    net.history.record("tag", "ok")
+    cp.save_model(net)
+    assert (tmp_path / "cp" / "params_ok.pt").exists()
+    rows = json.loads((tmp_path / "cp" / "history.json").read_text())
+    rows[-1]["tag"] = "x/../../../evil"  # cp/params_x/../../../evil.pt is beside cp
+    (tmp_path / "cp" / "history.json").write_text(json.dumps(rows))
+    net = tiny_net().initialize()
+    before = snapshot(net)
+    with pytest.raises(
+        ValueError,
+        match="turns the file name f_params='params_{last_epoch.tag.}.pt' into "
+        ".*outside the checkpoint's directory",
+    ):
+        net.load_params(checkpoint=cp)
+    assert differences(snapshot(net), before) == []
+
+
+# ---- 2. RNG states: every field as its generator accepts it --------------------
+
+
+def _rng_cases():
+    def setitem(key, value):
+        return lambda s: s.__setitem__(key, value)
+
+    def set_word(key, index, value):
+        def change(s):
+            s[key] = s[key].clone()
+            s[key][index] = value
+
+        return change
+
+    return {
+        "numpy.pos out of range": (
+            setitem("numpy.pos", torch.tensor(625)),
+            r"numpy.pos=625 must lie in \[0, 624\]",
+        ),
+        "numpy.pos huge": (setitem("numpy.pos", torch.tensor(10**12)), "numpy.pos=1000000000000"),
+        "numpy.pos negative": (setitem("numpy.pos", torch.tensor(-1)), "numpy.pos=-1"),
+        "numpy.has_gauss": (
+            setitem("numpy.has_gauss", torch.tensor(2)),
+            "numpy.has_gauss=2 must be 0 or 1",
+        ),
+        "numpy.cached_gaussian": (
+            setitem("numpy.cached_gaussian", torch.tensor(float("nan"), dtype=torch.float64)),
+            "numpy.cached_gaussian=nan must be a finite number",
+        ),
+        "numpy.keys zero": (
+            setitem("numpy.keys", torch.zeros(624, dtype=torch.int64)),
+            "numpy.keys is the degenerate all-zero",
+        ),
+        "numpy.keys 33 bits": (
+            set_word("numpy.keys", 5, 2**32),
+            "numpy.keys holds values outside the 32-bit range",
+        ),
+        "numpy.keys shape": (
+            setitem("numpy.keys", torch.zeros(623, dtype=torch.int64)),
+            r"numpy.keys has shape \(623,\), expected \(624,\)",
+        ),
+        "python.version": (setitem("python.version", torch.tensor(99)), "python.version=99 must be 3"),
+        "python.version 2": (setitem("python.version", torch.tensor(2)), "python.version=2 must be 3"),
+        "python pos": (
+            set_word("python.internal", 624, 100000),
+            r"python.internal\[624\] \(the position\) = 100000",
+        ),
+        "python pos negative": (
+            set_word("python.internal", 624, -1),
+            r"python.internal\[624\] \(the position\) = -1",
+        ),
+        "python word": (
+            set_word("python.internal", 0, -5),
+            "python.internal holds values outside the 32-bit range",
+        ),
+        "python gauss flag": (setitem("python.has_gauss_next", torch.tensor(7)), "python.has_gauss_next=7"),
+        "python gauss": (
+            setitem("python.gauss_next", torch.tensor(float("inf"), dtype=torch.float64)),
+            "python.gauss_next=inf",
+        ),
+        "torch all zero": (
+            lambda s: s.__setitem__("torch", torch.zeros_like(s["torch"])),
+            r"torch refuses the state \(Invalid mt19937 state\)",
+        ),
+        "torch size": (lambda s: s.__setitem__("torch", s["torch"][:-8].clone()), "torch has 5048 bytes"),
+        "torch dtype": (
+            lambda s: s.__setitem__("torch", s["torch"].to(torch.int64)),
+            "torch must be a dense CPU torch.uint8",
+        ),
+        "unknown cuda key": (
+            setitem("cuda.x", torch.zeros(16, dtype=torch.uint8)),
+            r"unknown keys \['cuda.x'\]",
+        ),
+        "cuda key with zero": (
+            setitem("cuda.01", torch.zeros(16, dtype=torch.uint8)),
+            r"unknown keys \['cuda.01'\]",
+        ),
+        "unknown key": (setitem("extra", torch.zeros(1)), r"unknown keys \['extra'\]"),
+        "int key": (setitem(3, torch.zeros(1)), r"unknown keys \['3'\]"),
+        "cuda size": (
+            setitem("cuda.0", torch.zeros(8, dtype=torch.uint8)),
+            "cuda.0 has 8 bytes, expected 16",
+        ),
+        "cuda offset": (
+            setitem("cuda.0", torch.tensor([0] * 8 + [3] + [0] * 7, dtype=torch.uint8)),
+            "cuda.0 has the Philox offset 3",
+        ),
+        "version": (
+            setitem("ampnet_rng_version", torch.tensor(2)),
+            "ampnet_rng_version=2: this ampnet reads version 1; upgrade",
+        ),
+        "version 0": (setitem("ampnet_rng_version", torch.tensor(0)), "ampnet_rng_version=0"),
+        "not a tensor": (setitem("numpy.pos", 3), "numpy.pos must be a torch.int64 tensor, got int"),
+    }
+
+
+@pytest.mark.parametrize("case", list(_rng_cases()))
+def test_invalid_rng_field_is_refused_before_anything_changes(tmp_path, saved, case):
+    change, problem = _rng_cases()[case]
+    state = get_rng_state()
+    change(state)
+    bad = str(tmp_path / "rng.pt")
+    torch.save(state, bad)
+    # the RNG file comes last: params, optimizer, history and scaler would apply first
+    files = {**saved, "f_rng_state": bad}
+    net = tiny_net().initialize()
+    info = refused_unchanged(net, files, problem, re.escape(f"f_rng_state file {bad!r}"))
+    assert "No generator was changed" in str(info.value)
+
+
+def test_numpy_pos_out_of_range_does_not_crash_the_process(tmp_path):
+    """numpy accepts pos > 624 and segfaults at the next draw; the load must
+    refuse it (checked in a fresh process, whose exit code tells)."""
+    state = get_rng_state()
+    state["numpy.pos"] = torch.tensor(10**9)
+    bad = tmp_path / "rng.pt"
+    torch.save(state, bad)
+    script = (
+        "import sys, numpy, torch\nsys.path[:0] = [{root!r}, {tests!r}]\n"
+        "from resume_script import Tiny\nfrom ampnet import AmpNetClassifier\n"
+        "net = AmpNetClassifier(Tiny).initialize()\n"
+        "try:\n    net.load_params(f_rng_state={bad!r})\nexcept ValueError as e:\n    print('refused', e)\n"
+        "print(numpy.random.rand())\n"
+    ).format(root=str(Path(__file__).parents[1]), tests=str(Path(__file__).parent), bad=str(bad))
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "refused" in proc.stdout and "numpy.pos=1000000000 must lie in [0, 624]" in proc.stdout
+
+
+def test_numpy_global_generator_of_another_kind(tmp_path, saved):
+    state = np.random.get_state(legacy=False)
+    try:
+        np.random.set_bit_generator(np.random.PCG64(0))
+        net = tiny_net().initialize()
+        info = refused_unchanged(net, saved, "numpy's global generator uses 'PCG64'")
+        info.match(re.escape(f"f_rng_state file {saved['f_rng_state']!r}"))
+        with pytest.raises(ValueError, match="ampnet saves only numpy's default MT19937 state. Fix"):
+            net.save_params(f_rng_state=str(tmp_path / "r.pt"))
+        assert not (tmp_path / "r.pt").exists()
+    finally:
+        np.random.set_bit_generator(np.random.MT19937(0))
+        np.random.set_state(state)
+
+
+# ---- 3. all or nothing ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "case", ["python.version=99", "python pos=100000", "cuda.x", "torch zero", "_overflow_streak"]
+)
+def test_probed_values_of_the_issue_are_refused_with_file_and_field(tmp_path, saved, case):
+    """The five files that passed the checks and failed while being applied,
+    after parameters, optimizer, history and scaler had changed."""
+    files = dict(saved)
+    if case == "_overflow_streak":
+        state = torch.load(saved["f_grad_scaler"], weights_only=True)
+        state["_overflow_streak"] = "x"
+        key, field = "f_grad_scaler", r"'_overflow_streak' = 'x' \(str\) must be an int >= 0"
+    else:
+        state = get_rng_state()
+        key = "f_rng_state"
+        if case == "python.version=99":
+            state["python.version"], field = torch.tensor(99), "python.version=99"
+        elif case == "python pos=100000":
+            state["python.internal"][624], field = 100000, r"python.internal\[624\]"
+        elif case == "cuda.x":
+            state["cuda.x"], field = torch.zeros(16, dtype=torch.uint8), "cuda.x"
+        else:
+            state["torch"], field = torch.zeros_like(state["torch"]), "torch refuses"
+    files[key] = str(tmp_path / "bad.pt")
+    torch.save(state, files[key])
+    refused_unchanged(tiny_net().initialize(), files, field, re.escape(f"{key} file {files[key]!r}"))
+
+
+class Boom(RuntimeError):
+    pass
+
+
+def _fail_partway(monkeypatch, net, where):
+    """Make one apply step fail after it changed part of what it owns."""
+    if where == "params":
+
+        def load(state, *a, **k):
+            with torch.no_grad():
+                net.module_.hidden.weight.fill_(7.0)
+            raise Boom("disk gone")
+
+        monkeypatch.setattr(net.module_, "load_state_dict", load)
+    elif where == "optimizer":
+
+        def load(state):
+            net.optimizer_.param_groups[0]["lr"] = 123.0
+            raise Boom("disk gone")
+
+        monkeypatch.setattr(net.optimizer_, "load_state_dict", load)
+    elif where == "scaler":
+        real = net.grad_scaler_.load_state_dict
+
+        def load(state):
+            real(state)
+            raise Boom("disk gone")
+
+        monkeypatch.setattr(net.grad_scaler_, "load_state_dict", load)
+    else:  # the RNG, last of all: torch's generator already set
+        real = PreparedRngState.apply
+
+        def apply(self):
+            torch.set_rng_state(self.torch_state)
+            np.random.set_state(self.numpy_state)
+            raise Boom("disk gone")
+
+        monkeypatch.setattr(PreparedRngState, "apply", apply)
+        return real
+
+
+@pytest.mark.parametrize("where", ["params", "optimizer", "scaler", "rng"])
+def test_failure_while_applying_rolls_everything_back(saved, monkeypatch, where):
+    net = tiny_net().initialize()
+    quietly(net.partial_fit, *make_data())  # a net with state of its own
+    _fail_partway(monkeypatch, net, where)
+    source = {
+        "params": "f_params",
+        "optimizer": "f_optimizer",
+        "scaler": "f_grad_scaler",
+        "rng": "f_rng_state",
+    }[where]
+    before = snapshot(net)
+    with pytest.raises(
+        ValueError,
+        match="passed every check but could not be loaded .Boom: disk gone.. Everything was rolled back",
+    ) as info:
+        net.load_params(**saved)
+    info.match(re.escape(f"{source} file {saved[source]!r}"))
+    assert differences(snapshot(net), before) == []
+
+
+def test_interrupt_while_applying_rolls_back_and_propagates(saved, monkeypatch):
+    net = tiny_net().initialize()
+
+    def interrupted(state):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(net.grad_scaler_, "load_state_dict", interrupted)
+    before = snapshot(net)
+    with pytest.raises(KeyboardInterrupt):
+        net.load_params(**saved)
+    assert differences(snapshot(net), before) == []
+
+
+# ---- 4. torch.amp.GradScaler is supported ----------------------------------------
+
+
+def _torch_loop(init_scale, epochs, data):
+    """torch's own AMP loop with torch.amp.GradScaler, on ampnet's batches."""
+    torch.manual_seed(0)
+    module = Tiny()
+    opt = torch.optim.Adam(module.parameters(), lr=0.05)
+    scaler = torch.amp.GradScaler("cpu", init_scale=init_scale, growth_interval=3)
+    X, y = (torch.as_tensor(a) for a in data)
+    for _ in range(epochs):
+        for i in range(0, len(X), 16):
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = torch.nn.functional.nll_loss(torch.log(module(X[i : i + 16]).float()), y[i : i + 16])
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+    return module, scaler
+
+
+@pytest.mark.parametrize("kind", ["class", "instance"])
+def test_torch_gradscaler_trains_as_torchs_own_loop(data, kind):
+    grad_scaler = (
+        torch.amp.GradScaler
+        if kind == "class"
+        else torch.amp.GradScaler("cpu", init_scale=2.0**20, growth_interval=3)
+    )
+    kwargs = (
+        dict(grad_scaler__init_scale=2.0**20, grad_scaler__growth_interval=3) if kind == "class" else {}
+    )
+    torch.manual_seed(0)
+    net = AmpNetClassifier(
+        Tiny,
+        amp_enabled=True,
+        amp_dtype="float16",
+        grad_scaler=grad_scaler,
+        optimizer=torch.optim.Adam,
+        lr=0.05,
+        batch_size=16,
+        max_epochs=3,
+        train_split=None,
+        verbose=0,
+        criterion=torch.nn.NLLLoss,
+        **kwargs,
+    )
+    quietly(net.fit, *data)
+    module, scaler = _torch_loop(2.0**20, 3, data)
+    assert type(net.grad_scaler_) is torch.amp.GradScaler
+    assert any(net.history[:, "skipped_steps"])  # the scale backed off along the way
+    assert net.grad_scaler_.get_scale() == scaler.get_scale()
+    assert differences(net.module_.state_dict(), module.state_dict()) == []
+
+
+def test_torch_gradscaler_state_round_trips(tmp_path, data):
+    net = tiny_net(grad_scaler=torch.amp.GradScaler)
+    quietly(net.fit, *data)
+    net.save_params(f_grad_scaler=str(tmp_path / "s.pt"))
+    other = tiny_net(grad_scaler=torch.amp.GradScaler).initialize()
+    other.load_params(f_grad_scaler=str(tmp_path / "s.pt"))
+    assert other.grad_scaler_.state_dict() == net.grad_scaler_.state_dict()
+
+
+# ---- 5. the scale stays within float32 ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("min_scale", 1e-50),
+        ("min_scale", 1e-39),
+        ("max_scale", 1e39),
+        ("init_scale", 1e39),
+        ("init_scale", 1e-40),
+        ("growth_factor", 1e39),
+        ("backoff_factor", 1e-50),
+    ],
+)
+def test_scale_settings_outside_float32_are_refused(name, value):
+    bounds = {"min_scale": 1e-45, "max_scale": 1e40} if name == "init_scale" else {}
+    bounds = {k: v for k, v in bounds.items() if k != name}
+    expected = re.escape(f"grad_scaler__{name}={value!r} (float): must ")
+    with pytest.raises(ValueError, match=expected) as info:
+        tiny_net(**{f"grad_scaler__{name}": value}).initialize()
+    assert "float32" in str(info.value) and "e.g." in str(info.value)
+    net = tiny_net().initialize()
+    with pytest.raises(ValueError, match=expected):
+        net.set_params(**{f"grad_scaler__{name}": value})
+    assert net.grad_scaler_.get_settings()[name] != value
+    with pytest.raises(ValueError, match=re.escape(f"{name}={value!r}")):
+        GradScaler("cpu", **{name: value, **bounds})
+
+
+def test_extreme_valid_settings_keep_the_scale_finite_and_positive():
+    up = GradScaler(
+        "cpu", init_scale=1e38, max_scale=FLOAT32_MAX, growth_factor=FLOAT32_MAX, growth_interval=1
+    )
+    down = GradScaler("cpu", init_scale=1e-30, min_scale=FLOAT32_TINY, backoff_factor=FLOAT32_TINY)
+    param = torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([param], lr=0.0)
+    for scaler, value in ((up, 1.0), (down, float("inf"))):
+        for _ in range(5):
+            opt.zero_grad()
+            scaler.scale((param * value).sum()).backward()
+            scaler.step(opt)
+            scaler.update()
+            assert 0 < scaler.get_scale() < float("inf")
+    assert up.get_scale() == pytest.approx(FLOAT32_MAX, rel=1e-6)
+    assert down.get_scale() == pytest.approx(FLOAT32_TINY, rel=1e-6)
+
+
+# ---- 6. numpy booleans ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "amp_enabled",
+        "amp_master_weights",
+        "amp_skip_nonfinite",
+        "grad_scaler__enabled",
+        "grad_scaler__dynamic",
+        "distributed",
+    ],
+)
+@pytest.mark.parametrize("value", [np.True_, np.False_])
+def test_numpy_booleans_are_accepted_for_every_bool_parameter(name, value):
+    kwargs = {name: value}
+    if name == "distributed" and value:  # taken as True: it needs a process group
+        with pytest.raises(ValueError, match="distributed=True, but no torch.distributed process group"):
+            tiny_net(**kwargs).initialize()
+        return
+    if name == "grad_scaler__enabled" and not value:
+        ctx = pytest.warns(AmpWarning, match="float16 training without loss scaling")
+    else:
+        ctx = warnings.catch_warnings()
+    with ctx:
+        net = tiny_net(**kwargs).initialize()
+    assert net.get_params()[name] is value
+    if name == "amp_enabled":
+        assert net.precision_policy_.enabled is bool(value)
+    if name.startswith("grad_scaler__"):
+        assert net.grad_scaler_.get_settings()[name.split("__")[1]] is bool(value)
+
+
+@pytest.mark.parametrize(
+    "name", ["amp_enabled", "amp_master_weights", "amp_skip_nonfinite", "grad_scaler__dynamic"]
+)
+def test_non_booleans_name_their_numpy_type(name):
+    with pytest.raises((TypeError, ValueError), match=r"1 \(int64\)|np.int64\(1\) \(int64\)"):
+        tiny_net(**{name: np.int64(1)}).initialize()
+
+
+# ---- 7. save_params compares real paths -----------------------------------------------
+
+
+@pytest.mark.parametrize("second", ["./same.pt", "sub/../same.pt", "ABS", "LINK", "HARDLINK"])
+def test_two_spellings_of_one_file_are_refused(tmp_path, fitted, monkeypatch, second):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "same.pt").write_bytes(b"old")
+    if second == "ABS":
+        second = str(tmp_path / "same.pt")
+    elif second == "LINK":
+        os.symlink("same.pt", "link.pt")
+        second = "link.pt"
+    elif second == "HARDLINK":
+        os.link("same.pt", "hard.pt")
+        second = "hard.pt"
+    listing = sorted(os.listdir(tmp_path))
+    with pytest.raises(
+        ValueError, match=re.escape(f"same file for f_params='same.pt' and f_optimizer={second!r}")
+    ):
+        fitted.save_params(f_params="same.pt", f_optimizer=second)
+    assert (tmp_path / "same.pt").read_bytes() == b"old"
+    assert sorted(os.listdir(tmp_path)) == listing
+
+
+def test_one_file_object_for_two_files_is_refused(fitted):
+    import io
+
+    buffer = io.BytesIO()
+    with pytest.raises(ValueError, match="same file for f_params=.* and f_history="):
+        fitted.save_params(f_params=buffer, f_history=buffer)
+    assert buffer.getvalue() == b""
+
+
+# ---- 8. deep content checks ----------------------------------------------------------------
+
+
+def _optimizer_cases():
+    def group(key, value):
+        def change(s):
+            s["param_groups"][0][key] = value
+
+        return change
+
+    def entry(key, value):
+        def change(s):
+            s["state"][0][key] = value(s["state"][0][key]) if callable(value) else value
+
+        return change
+
+    return {
+        "lr str": (group("lr", "x"), r"param_groups\[0\]\['lr'\] must be a number, got 'x' \(str\)"),
+        "lr nan": (group("lr", float("nan")), r"param_groups\[0\]\['lr'\] must be a finite number"),
+        "lr missing": (lambda s: s["param_groups"][0].pop("lr"), r"param_groups\[0\]\['lr'\] is missing"),
+        "betas length": (group("betas", (0.9,)), r"param_groups\[0\]\['betas'\] must have 2 entries"),
+        "betas refused": (
+            group("betas", (1.0, 0.999)),
+            r"Adam refuses these settings \(Invalid beta parameter",
+        ),
+        "lr too large": (
+            group("lr", 1e39),
+            r"Adam fails to step with the saved settings and state "
+            r"\(RuntimeError: value cannot be converted to type float without overflow",
+        ),
+        "flag type": (group("amsgrad", "yes"), r"param_groups\[0\]\['amsgrad'\] must be True or False"),
+        "initial_lr": (group("initial_lr", "x"), r"param_groups\[0\]\['initial_lr'\] must be a number"),
+        "unknown group key": (group("fuzz", [1, 2]), r"param_groups\[0\]\['fuzz'\] = \[1, 2\]"),
+        "param id": (lambda s: s["param_groups"][0]["params"].__setitem__(0, "a"), "is not a new int id"),
+        "exp_avg shape": (
+            entry("exp_avg", torch.zeros(3, 3)),
+            r"state\[0\]\['exp_avg'\] has shape \(3, 3\)",
+        ),
+        "exp_avg broadcast": (
+            entry("exp_avg", torch.zeros(1, 4)),
+            r"state\[0\]\['exp_avg'\] has shape \(1, 4\), expected \(8, 4\)",
+        ),
+        "exp_avg str": (
+            entry("exp_avg", "x"),
+            r"state\[0\]\['exp_avg'\] must be a tensor like the optimizer's own",
+        ),
+        "exp_avg nan": (
+            entry("exp_avg", lambda t: torch.full_like(t, float("nan"))),
+            r"state\[0\]\['exp_avg'\] holds NaN",
+        ),
+        "exp_avg missing": (
+            lambda s: s["state"][0].pop("exp_avg"),
+            r"state\[0\] lacks 'exp_avg', which Adam needs",
+        ),
+        "step str": (entry("step", "x"), r"state\[0\]\['step'\] must be a number or a one-element tensor"),
+        "stray state": (lambda s: s["state"].__setitem__(99, {}), r"state\[99\] belongs to no parameter"),
+        "extra key": (lambda s: s.__setitem__("extra", 1), r"unknown keys \['extra'\]"),
+    }
+
+
+@pytest.mark.parametrize("case", list(_optimizer_cases()))
+def test_invalid_optimizer_file_is_refused_naming_the_field(tmp_path, saved, case):
+    change, problem = _optimizer_cases()[case]
+    state = torch.load(saved["f_optimizer"], weights_only=True)
+    change(state)
+    bad = str(tmp_path / "opt.pt")
+    torch.save(state, bad)
+    refused_unchanged(
+        tiny_net().initialize(),
+        {**saved, "f_optimizer": bad},
+        problem,
+        re.escape(f"f_optimizer file {bad!r}"),
+    )
+
+
+def test_optimizer_state_from_an_older_torch_loads(tmp_path, saved):
+    """Flags that newer torch versions added to the groups (here removed)
+    get torch's defaults; a number for 'step' is converted by torch."""
+    state = torch.load(saved["f_optimizer"], weights_only=True)
+    for flag in ("foreach", "maximize", "capturable", "differentiable", "fused"):
+        state["param_groups"][0].pop(flag, None)
+    for entry in state["state"].values():
+        entry["step"] = float(entry["step"])
+    older = str(tmp_path / "old.pt")
+    torch.save(state, older)
+    net = tiny_net().initialize()
+    net.load_params(**{**saved, "f_optimizer": older})
+    quietly(net.partial_fit, *make_data())
+
+
+@pytest.mark.parametrize(
+    "rows, problem",
+    [
+        (
+            [{"epoch": "x"}],
+            r"in row 0, 'epoch' must be an int greater than the previous row's \(0\), got 'x'",
+        ),
+        (
+            [{"epoch": 2}, {"epoch": 2}],
+            r"in row 1, 'epoch' must be an int greater than the previous row's \(2\)",
+        ),
+        ([{"epoch": True}], "'epoch' must be an int"),
+        ([{"epoch": 1, "batches": {}}], "'batches' must be a list of dicts"),
+        ([{"epoch": 1, "batches": [1]}], "'batches' must be a list of dicts"),
+        ([{"epoch": 1, "train_batch_count": "x"}], "'train_batch_count' must be an int >= 0"),
+        ([{"epoch": 1, "valid_loss_best": 1}], "'valid_loss_best' must be true or false"),
+        (
+            [{"epoch": 1, "batches": [{"train_batch_size": 2, "batch_size": "x"}]}],
+            "batch 0: 'batch_size' must be a number",
+        ),
+        ([{"epoch": 1, "dur": None}], "'dur' must be a number"),
+        ({"epoch": 1}, "expected a JSON list of epoch dicts, got dict"),
+    ],
+)
+def test_invalid_history_is_refused(tmp_path, saved, rows, problem):
+    bad = tmp_path / "h.json"
+    bad.write_text(json.dumps(rows))
+    refused_unchanged(
+        tiny_net().initialize(),
+        {**saved, "f_history": str(bad)},
+        problem,
+        re.escape(f"f_history file {str(bad)!r}"),
+    )
+
+
+@pytest.mark.parametrize("depth", [70, 100000])
+def test_deeply_nested_history_raises_value_error_not_recursion_error(tmp_path, saved, depth):
+    bad = tmp_path / "h.json"
+    bad.write_text("[" * depth + "]" * depth)
+    refused_unchanged(
+        tiny_net().initialize(),
+        {**saved, "f_history": str(bad)},
+        "is not a JSON history.*nested",
+        re.escape(str(bad)),
+    )
+
+
+@pytest.mark.parametrize(
+    "case, problem",
+    [
+        ("nan weight", "parameter hidden.weight holds NaN or inf values"),
+        ("inf bias", "parameter out.bias holds NaN or inf values"),
+        ("int weight", r"hidden.weight holds torch.int64 values, the net torch.float32 \(floating\)"),
+        ("not a tensor", "hidden.weight is a list instead of a tensor"),
+        ("sparse", "hidden.weight is a torch.sparse_coo tensor instead of a dense one"),
+    ],
+)
+def test_invalid_parameters_are_refused(tmp_path, saved, case, problem):
+    state = torch.load(saved["f_params"], weights_only=True)
+    if case == "nan weight":
+        state["hidden.weight"][0, 0] = float("nan")
+    elif case == "inf bias":
+        state["out.bias"][1] = float("inf")
+    elif case == "int weight":
+        state["hidden.weight"] = state["hidden.weight"].long()
+    elif case == "not a tensor":
+        state["hidden.weight"] = state["hidden.weight"].tolist()
+    else:
+        state["hidden.weight"] = state["hidden.weight"].to_sparse()
+    bad = str(tmp_path / "p.pt")
+    torch.save(state, bad)
+    refused_unchanged(
+        tiny_net().initialize(), {**saved, "f_params": bad}, problem, re.escape(f"f_params file {bad!r}")
+    )
+
+
+class Masked(Tiny):
+    """A module with a buffer that holds -inf by design, and a BatchNorm."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("mask", torch.tensor([0.0, float("-inf")]))
+        self.norm = torch.nn.BatchNorm1d(8)
+
+    def forward(self, X):
+        return torch.softmax(self.out(torch.relu(self.norm(self.hidden(X)))) + self.mask * 0, dim=-1)
+
+
+def test_buffers_may_hold_inf_where_the_module_does(tmp_path):
+    net = tiny_net(Masked).initialize()
+    net.save_params(f_params=str(tmp_path / "p.pt"))
+    other = tiny_net(Masked).initialize()
+    other.load_params(f_params=str(tmp_path / "p.pt"))  # the -inf mask loads
+    state = torch.load(tmp_path / "p.pt", weights_only=True)
+    state["norm.running_var"][0] = float("nan")
+    torch.save(state, tmp_path / "bad.pt")
+    refused_unchanged(
+        other, {"f_params": str(tmp_path / "bad.pt")}, "buffer norm.running_var holds NaN or inf"
+    )
+
+
+def _step_lr():
+    return LRScheduler(torch.optim.lr_scheduler.StepLR, step_size=1, gamma=0.5)
+
+
+def _scheduler_net(callbacks=None, **kwargs):
+    return tiny_net(callbacks=callbacks or [_step_lr()], **kwargs)
+
+
+@pytest.fixture
+def scheduler_checkpoint(tmp_path, data):
+    cp = Checkpoint(monitor=None, dirname=str(tmp_path / "cp"))
+    torch.manual_seed(0)
+    quietly(_scheduler_net(callbacks=[_step_lr(), cp]).fit, *data)
+    return cp
+
+
+@pytest.mark.parametrize(
+    "change, problem",
+    [
+        (lambda st: st.__setitem__("last_epoch", "x"), r"\['last_epoch'\] must be a number, got 'x'"),
+        (lambda st: st.__setitem__("base_lrs", [0.1, 0.2]), r"\['base_lrs'\] must have 1 entries"),
+        (lambda st: st.__setitem__("step", 5), r"holds keys \['step'\] that the scheduler does not have"),
+        (lambda st: st.__setitem__("optimizer", 5), r"the keys \['optimizer'\] are not scheduler state"),
+    ],
+)
+@pytest.mark.parametrize("path", ["LoadInitState", "load_params"])
+def test_invalid_scheduler_state_is_refused_before_anything_loads(
+    scheduler_checkpoint, change, problem, path
+):
+    target = os.path.join(scheduler_checkpoint.dirname, "lr_schedulers.json")
+    data = json.loads(Path(target).read_text())
+    change(data["schedulers"]["LRScheduler"]["state"])
+    Path(target).write_text(json.dumps(data))
+    net = _scheduler_net().initialize()
+    if path == "load_params":
+        for _, cb in net.callbacks_:
+            if isinstance(cb, LRScheduler):
+                cb.on_train_begin(net)  # running, as during training
+    before = snapshot(net)
+    with pytest.raises(ValueError, match=problem) as info:
+        if path == "load_params":
+            net.load_params(checkpoint=scheduler_checkpoint)
+        else:
+            LoadInitState(scheduler_checkpoint).initialize().on_train_begin(net)
+    info.match(re.escape(f"f_lr_schedulers file {target!r}"))
+    assert differences(snapshot(net), before) == []
+
+
+def test_checkpoint_without_scheduler_resumes_with_one(tmp_path, data):
+    """A checkpoint saved without an LRScheduler (no 'initial_lr' in the
+    optimizer) resumes in a net that has one, instead of torch's KeyError."""
+    cp = Checkpoint(monitor=None, dirname=str(tmp_path / "cp"))
+    quietly(tiny_net(callbacks=[cp], max_epochs=1).fit, *data)
+    cp2 = Checkpoint(monitor=None, dirname=str(tmp_path / "cp"))
+    net = _scheduler_net(max_epochs=3, callbacks=[LoadInitState(cp2), _step_lr()])
+    with pytest.warns(
+        AmpWarning, match="it does not save|does not exist|Learning-rate schedulers not restored"
+    ):
+        quietly(net.fit, *data)
+    assert len(net.history) == 4  # one loaded epoch, three new ones
+    assert net.optimizer_.param_groups[0]["initial_lr"] == 0.05
+    assert net.history[-1, "event_lr"] < net.history[1, "event_lr"] <= 0.05  # the schedule runs
+
+
+# ---- the fault test: files from another run ---------------------------------------------
+
+
+@pytest.mark.parametrize("swapped", ["f_params", "f_optimizer", "f_grad_scaler", "all"])
+def test_files_swapped_from_another_run_are_refused_before_anything_changes(tmp_path, data, swapped):
+    """A checkpoint directory whose files were replaced by those of another
+    run (a wider module, trained in bfloat16): refused, nothing changes."""
+    ours = Checkpoint(monitor=None, dirname=str(tmp_path / "ours"))
+    theirs = Checkpoint(monitor=None, dirname=str(tmp_path / "theirs"))
+    torch.manual_seed(0)
+    quietly(tiny_net(callbacks=[ours]).fit, *data)
+    quietly(tiny_net(Wide, "bfloat16", callbacks=[theirs]).fit, *data)
+    names = {"f_params": "params.pt", "f_optimizer": "optimizer.pt", "f_grad_scaler": "grad_scaler.pt"}
+    for key, name in names.items():
+        if swapped in (key, "all"):
+            (tmp_path / "ours" / name).write_bytes((tmp_path / "theirs" / name).read_bytes())
+    net = tiny_net().initialize()
+    quietly(net.partial_fit, *data)
+    before = snapshot(net)
+    problems = {
+        "f_params": r"does not match net.module_: shape mismatch hidden.weight: "
+        r"\(12, 4\) in the file, \(8, 4\)",
+        "f_optimizer": r"does not match net.optimizer_: state\[0\]\['exp_avg'\] has shape \(12, 4\)",
+        "f_grad_scaler": "holds an empty loss-scaler state",
+    }
+    with pytest.raises(ValueError) as info:
+        net.load_params(checkpoint=ours)
+    refused = [key for key in names if key in str(info.value)]
+    assert refused == ([swapped] if swapped != "all" else refused) and len(refused) == 1
+    info.match(problems[refused[0]])
+    info.match(re.escape(f"{refused[0]} file {str(tmp_path / 'ours' / names[refused[0]])!r}"))
+    assert differences(snapshot(net), before) == []
+
+
+# ---- 9. report, devices, full disks ------------------------------------------------------------
+
+
+def test_precision_report_of_an_empty_x(fitted, data):
+    X, y = data
+    rng = torch.get_rng_state()
+    with pytest.raises(ValueError, match="precision_report needs at least one sample, but X holds none"):
+        fitted.precision_report(X[:0], y[:0])
+    assert torch.equal(torch.get_rng_state(), rng)
+
+
+@pytest.mark.parametrize("device", ["mps", "xla", "xpu", "xla:1"])
+def test_unavailable_backends_get_ampnets_value_error(device):
+    backend = device.split(":")[0]
+    with pytest.raises(
+        ValueError,
+        match=rf"amp_enabled=True with device='{device}' \(str\), but the "
+        rf"'{backend}' backend is not available on this machine .*Fix: set device='cpu'",
+    ):
+        tiny_net(device=device, amp_dtype="auto").initialize()
+
+
+class FullDisk:
+    """A file that reports a full disk after ``room`` bytes."""
+
+    def __init__(self, f, room):
+        self.f, self.room = f, room
+
+    def write(self, data):
+        self.room -= len(data)
+        if self.room < 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return self.f.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.f.close()
+
+
+def _checkpoint_bytes(dirname):
+    return {p.name: p.read_bytes() for p in Path(dirname).iterdir()}
+
+
+@pytest.mark.parametrize("room", [0, 1000])
+def test_disk_full_during_a_checkpoint_names_the_file_and_keeps_the_old_one(
+    tmp_path, fitted, monkeypatch, room
+):
+    cp = Checkpoint(monitor=None, dirname=str(tmp_path), event_name=None)
+    cp.initialize()
+    cp.save_model(fitted)
+    old = _checkpoint_bytes(tmp_path)
+    changed = copy.deepcopy(fitted)
+    with torch.no_grad():
+        changed.module_.hidden.weight.fill_(0.5)
+
+    def full_open(path, mode="r", *args, **kwargs):
+        f = open(path, mode, *args, **kwargs)
+        return FullDisk(f, room) if "w" in mode and "params.pt" in os.fspath(path) else f
+
+    monkeypatch.setattr(ampnet.io.files, "open", full_open, raising=False)
+    with pytest.raises(OSError, match="the disk is full") as info:
+        cp.save_model(changed)
+    monkeypatch.undo()
+    assert info.value.errno == errno.ENOSPC
+    info.match(re.escape(f"Could not write {str(tmp_path / 'params.pt')!r}"))
+    assert _checkpoint_bytes(tmp_path) == old  # the old checkpoint is whole, no temporary files
+    net = tiny_net().initialize()
+    net.load_params(checkpoint=cp)
+    assert differences(net.module_.state_dict(), fitted.module_.state_dict()) == []
+
+
+def _save_with_file_size_limit(net, cp, limit, out):  # runs in a forked child
+    import resource
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+    try:
+        cp.save_model(net)
+        out.put(("saved", None, ""))
+    except OSError as exc:
+        out.put((type(exc).__name__, exc.errno, str(exc)))
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "fork") or not hasattr(signal, "SIGXFSZ"), reason="needs fork and RLIMIT_FSIZE"
+)
+def test_a_real_write_error_names_the_file(tmp_path, fitted):
+    """The kernel refuses to grow a file beyond RLIMIT_FSIZE (EFBIG), as it
+    refuses to write on a full disk (ENOSPC)."""
+    cp = Checkpoint(monitor=None, dirname=str(tmp_path), event_name=None)
+    cp.initialize()
+    cp.save_model(fitted)
+    old = _checkpoint_bytes(tmp_path)
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    child = ctx.Process(target=_save_with_file_size_limit, args=(fitted, cp, 1200, out))
+    child.start()
+    kind, code, text = out.get(timeout=120)
+    child.join()
+    assert child.exitcode == 0
+    assert kind == "OSError" and code == errno.EFBIG
+    assert re.search(r"Could not write '.*\.(pt|json)': File too large", text)
+    assert "the previous files are unchanged" in text
+    assert _checkpoint_bytes(tmp_path) == old
+
+
+# ---- the trust model of the README ------------------------------------------------------
+
+
+class _RunsCode:
+    """A pickle that creates a file when it is unpickled."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (Path.touch, (Path(self.path),))
+
+
+@pytest.mark.parametrize("key", ["f_optimizer", "f_criterion", "f_lr_schedulers"])
+def test_malicious_optimizer_criterion_and_scheduler_files_run_no_code(tmp_path, key):
+    marker = tmp_path / "code-ran"
+    bad = str(tmp_path / "evil.pt")
+    torch.save({"state": _RunsCode(marker), "param_groups": []}, bad)
+    problem = (
+        "is not a JSON file of scheduler states"
+        if key == "f_lr_schedulers"
+        else "which a safe load refuses"
+    )
+    refused_unchanged(tiny_net().initialize(), {key: bad}, problem, re.escape(bad))
+    assert not marker.exists()
+
+
+def test_weights_only_false_is_the_users_own_risk(tmp_path):
+    """With torch_load_kwargs={'weights_only': False} a parameter file runs
+    code while it is read, as the README warns."""
+    marker = tmp_path / "code-ran"
+    bad = str(tmp_path / "evil.pt")
+    torch.save({"hidden.weight": _RunsCode(marker)}, bad)
+    net = tiny_net(torch_load_kwargs={"weights_only": False}).initialize()
+    with pytest.raises(ValueError, match="does not match net.module_"):
+        net.load_params(f_params=bad)
+    assert marker.exists()
+
+
+def test_f_pickle_is_never_read_by_a_load(tmp_path, fitted):
+    cp = Checkpoint(monitor=None, dirname=str(tmp_path), f_pickle="net.pkl", event_name=None)
+    cp.initialize()
+    cp.save_model(fitted)
+    marker = tmp_path / "code-ran"
+    with open(tmp_path / "net.pkl", "wb") as f:
+        pickle.dump(_RunsCode(marker), f)
+    net = tiny_net().initialize()
+    net.load_params(checkpoint=cp)
+    LoadInitState(cp).initialize().on_train_begin(tiny_net().initialize())
+    assert not marker.exists()
+    assert differences(net.module_.state_dict(), fitted.module_.state_dict()) == []
+    with open(tmp_path / "net.pkl", "rb") as f:
+        pickle.load(f)  # unpickling it yourself runs its code
+    assert marker.exists()
+
+
+def test_plausible_weights_of_the_right_shape_load_as_they_are(tmp_path, saved, data):
+    """Values of the right type, shape and range are not judged: the weights
+    of another run of the same model load."""
+    torch.manual_seed(1)
+    other = tiny_net(max_epochs=1)
+    quietly(other.fit, *data)
+    other.save_params(f_params=str(tmp_path / "other.pt"))
+    net = tiny_net().initialize()
+    net.load_params(**{**saved, "f_params": str(tmp_path / "other.pt")})
+    assert differences(net.module_.state_dict(), other.module_.state_dict()) == []
+
+
+@pytest.mark.parametrize(
+    "field, value, problem",
+    [
+        ("scale", 1e39, r"'scale' = 1e\+39 lies outside float32's normal positive range"),
+        (
+            "min_scale",
+            1e-50,
+            r"'min_scale' = 1e-50 \(float\): must lie within float32's normal positive range",
+        ),
+        ("growth_interval", 2.5, r"'growth_interval' = 2.5 \(float\): must be an int >= 1"),
+        ("backoff_factor", "x", r"'backoff_factor' = 'x' \(str\): must be a number in \(0, 1\)"),
+        ("dynamic", 1, r"'dynamic' = 1 \(int\): must be True or False"),
+        (
+            "_growth_tracker",
+            2**40,
+            r"'_growth_tracker' = 1099511627776 \(int\) must be an int in \[0, 2\*\*31 - 1\]",
+        ),
+        ("ampnet_scaler_version", 7, "format version 7 is newer than this ampnet reads"),
+        (3, 1, r"keys \['3'\] are not strings"),
+    ],
+)
+def test_invalid_scaler_field_is_refused(tmp_path, saved, field, value, problem):
+    state = torch.load(saved["f_grad_scaler"], weights_only=True)
+    state[field] = value
+    bad = str(tmp_path / "s.pt")
+    torch.save(state, bad)
+    refused_unchanged(
+        tiny_net().initialize(),
+        {**saved, "f_grad_scaler": bad},
+        problem,
+        re.escape(f"f_grad_scaler file {bad!r}"),
+    )
+
+
+def test_failure_while_restoring_schedulers_rolls_everything_back(scheduler_checkpoint, monkeypatch):
+    net = _scheduler_net().initialize()
+    cb = dict(net.callbacks_)["LRScheduler"]
+    cb.on_train_begin(net)  # running, as during training
+    scheduler = cb.lr_scheduler_
+    real = scheduler.load_state_dict
+
+    def load(state):
+        real(state)
+        raise Boom("disk gone")
+
+    monkeypatch.setattr(scheduler, "load_state_dict", load)
+    before = snapshot(net), copy.deepcopy(scheduler.state_dict()), cb.batch_idx_
+    with pytest.raises(
+        ValueError,
+        match="f_lr_schedulers file .* could not be loaded .Boom: disk gone.. Everything was rolled back",
+    ):
+        net.load_params(checkpoint=scheduler_checkpoint)
+    after = snapshot(net), scheduler.state_dict(), cb.batch_idx_
+    assert differences(after, before) == []
+
+
+@pytest.mark.parametrize("key", ["f_grad_scaler", "f_rng_state"])
+def test_scaler_and_rng_files_are_always_read_safely(tmp_path, key):
+    """Even with torch_load_kwargs={'weights_only': False}."""
+    marker = tmp_path / "code-ran"
+    bad = str(tmp_path / "evil.pt")
+    torch.save({"scale": _RunsCode(marker)}, bad)
+    net = tiny_net(torch_load_kwargs={"weights_only": False}).initialize()
+    refused_unchanged(net, {key: bad}, "which a safe load refuses")
+    assert not marker.exists()
+
+
+class CountingAdam(torch.optim.Adam):
+    """A user's optimizer class (outside torch.optim) that counts its instances."""
+
+    made = 0
+
+    def __init__(self, *args, **kwargs):
+        type(self).made += 1
+        super().__init__(*args, **kwargs)
+
+
+def test_checks_never_build_a_users_optimizer(scheduler_checkpoint):
+    """The scheduler check builds its scratch scheduler on an SGD, and the
+    optimizer check steps no scratch copy of a class outside torch.optim;
+    both still refuse what they check."""
+    target = os.path.join(scheduler_checkpoint.dirname, "lr_schedulers.json")
+    data = json.loads(Path(target).read_text())
+    data["schedulers"]["LRScheduler"]["state"]["last_epoch"] = "x"
+    Path(target).write_text(json.dumps(data))
+    net = _scheduler_net(optimizer=CountingAdam).initialize()
+    made = CountingAdam.made
+    before = snapshot(net)
+    with pytest.raises(ValueError, match=r"\['last_epoch'\] must be a number, got 'x'"):
+        LoadInitState(scheduler_checkpoint).initialize().on_train_begin(net)
+    assert differences(snapshot(net), before) == []
+    state = torch.load(os.path.join(scheduler_checkpoint.dirname, "optimizer.pt"), weights_only=True)
+    state["param_groups"][0]["lr"] = "x"
+    torch.save(state, os.path.join(scheduler_checkpoint.dirname, "optimizer.pt"))
+    with pytest.raises(ValueError, match=r"param_groups\[0\]\['lr'\] must be a number"):
+        net.load_params(f_optimizer=os.path.join(scheduler_checkpoint.dirname, "optimizer.pt"))
+    assert CountingAdam.made == made
