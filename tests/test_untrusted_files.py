@@ -68,11 +68,11 @@ def quietly(fn, *args, **kwargs):
         return fn(*args, **kwargs)
 
 
-def _plain(obj):
+def plain(obj):
     if isinstance(obj, np.ndarray):
         return obj.tolist()
     if isinstance(obj, dict):
-        return {k: _plain(v) for k, v in obj.items()}
+        return {k: plain(v) for k, v in obj.items()}
     return obj
 
 
@@ -86,7 +86,7 @@ def snapshot(net):
             "history": net.history.to_list(),
             "device": net.device,
             "torch_rng": torch.get_rng_state(),
-            "numpy_rng": _plain(np.random.get_state(legacy=False)),
+            "numpy_rng": plain(np.random.get_state(legacy=False)),
             "python_rng": random.getstate(),
         }
     )

@@ -22,13 +22,13 @@ from ampnet.validation import (
     tensor_problem,
 )
 
-def _describe_target(key: str, target: Any) -> str:
+def describe_target(key: str, target: Any) -> str:
     if is_path(target):
         return f"{key} file {os.fspath(target)!r}"
     return f"{key} ({getattr(target, 'name', type(target).__name__)!r})"
 
 
-def _attr_of(key: str) -> str:
+def attr_of(key: str) -> str:
     return "module_" if key in ("f_params", "f_module") else key[2:] + "_"
 
 
@@ -41,7 +41,7 @@ def _read_error(source: str, exc: OSError) -> OSError:
 # ---- tensors <-> plain values (the scaler state under safetensors) -------
 
 
-def _to_tensors(state: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+def to_tensors(state: Mapping[str, Any]) -> dict[str, torch.Tensor]:
     out = {}
     for key, value in state.items():
         if isinstance(value, bool):
@@ -55,7 +55,7 @@ def _to_tensors(state: Mapping[str, Any]) -> dict[str, torch.Tensor]:
     return out
 
 
-def _from_tensors(state: Mapping[str, Any]) -> dict[str, Any]:
+def from_tensors(state: Mapping[str, Any]) -> dict[str, Any]:
     return {
         key: value.item() if isinstance(value, torch.Tensor) and value.dim() == 0 else value
         for key, value in state.items()
@@ -65,7 +65,7 @@ def _from_tensors(state: Mapping[str, Any]) -> dict[str, Any]:
 # ---- reading, without changing the net -----------------------------------
 
 
-def _read_state(target: Any, source: str, safetensors: bool, map_location: Any,
+def read_state(target: Any, source: str, safetensors: bool, map_location: Any,
                 load_kwargs: dict[str, Any]) -> Any:
     try:
         if safetensors:
@@ -113,7 +113,7 @@ def _history_row_problem(row: dict, previous: int) -> str | None:
     return None
 
 
-def _read_history(target: Any, source: str) -> list:
+def read_history(target: Any, source: str) -> list:
     """Read a history file and check it against skorch's layout: a list of
     epoch rows, where present an increasing int ``epoch``, ``batches`` (a
     list of dicts), int ``*_batch_count``, boolean ``*_best`` flags and
@@ -136,7 +136,7 @@ def _read_history(target: Any, source: str) -> list:
     return rows
 
 
-def _check_module_state(module: torch.nn.Module, state: Any, source: str, attr: str) -> None:
+def check_module_state(module: torch.nn.Module, state: Any, source: str, attr: str) -> None:
     """Check a module ``state_dict`` against ``module``: the same keys,
     dense tensors of the same shapes and dtype kinds (floating, integer,
     bool, complex), finite parameters, and buffers that are finite where
@@ -268,9 +268,9 @@ def checkpoint_files(checkpoint: Any, net: Any) -> dict[str, Any]:
     recover([checkpoint.dirname or "."])
     rows = None
     f_history = checkpoint.f_history_
-    source = _describe_target("f_history", f_history)
+    source = describe_target("f_history", f_history)
     if f_history is not None and (not is_path(f_history) or os.path.exists(f_history)):
-        rows = _read_history(f_history, source)
+        rows = read_history(f_history, source)
         if not is_path(f_history):
             f_history.seek(0)
     files = _format_files(checkpoint, net, rows, source)
@@ -278,13 +278,13 @@ def checkpoint_files(checkpoint: Any, net: Any) -> dict[str, Any]:
     return files
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
     if isinstance(value, torch.Tensor) and value.numel() == 1:
         return value.item()
     return value
 
 
-def _text_writer(text: str) -> Callable[[Any], None]:
+def text_writer(text: str) -> Callable[[Any], None]:
     def write(target: Any) -> None:
         if is_path(target):
             with open(target, "w", encoding="utf-8") as f:
@@ -327,7 +327,7 @@ def _torch_writer(state: Any) -> Callable[[Any], None]:
     return write
 
 
-def _state_writer(state: Any, source: str, safetensors: bool) -> Callable[[Any], None]:
+def state_writer(state: Any, source: str, safetensors: bool) -> Callable[[Any], None]:
     if not safetensors:
         return _torch_writer(state)
     bad = sorted(str(k) for k, v in state.items() if not isinstance(v, torch.Tensor))

@@ -46,18 +46,18 @@ from skorch.utils import _check_f_arguments, get_map_location
 from ampnet.io.atomic import atomic_write_group, is_path, recover, same_file_key
 from ampnet.exceptions import AmpWarning
 from ampnet.io.files import (
-    _describe_target,
-    _attr_of,
-    _to_tensors,
-    _from_tensors,
-    _read_state,
-    _read_history,
-    _check_module_state,
+    describe_target,
+    attr_of,
+    to_tensors,
+    from_tensors,
+    read_state,
+    read_history,
+    check_module_state,
     resolve_checkpoint,
     checkpoint_files,
-    _plain,
-    _text_writer,
-    _state_writer,
+    plain,
+    text_writer,
+    state_writer,
 )
 from ampnet.io.optimizer_state import check_optimizer_state
 from ampnet.io.rng import capture_rng_state, get_rng_state, prepare_rng_state
@@ -69,7 +69,7 @@ from ampnet.io.rollback import (
     snapshot_module,
     snapshot_optimizer,
 )
-from ampnet.precision.scaler import GradScaler, validate_scaler_state
+from ampnet.precision.scaler import validate_scaler_state
 from ampnet.io.schedulers import (
     dumps_lr_scheduler_states,
     plan_lr_schedulers,
@@ -241,23 +241,23 @@ class PersistenceMixin:
         atomic_write_group(writers)
 
     def _writer(self, key: str, target: Any, safetensors: bool) -> Callable[[Any], None]:
-        source = _describe_target(key, target)
+        source = describe_target(key, target)
         if key == "f_history":
             history = self.history
             return history.to_file
         if key == "f_pickle":
             return self._pickle_writer
         if key == "f_rng_state":
-            return _state_writer(get_rng_state(), source, safetensors)
+            return state_writer(get_rng_state(), source, safetensors)
         if key == "f_lr_schedulers":
-            return _text_writer(dumps_lr_scheduler_states(self, source))
-        attr = _attr_of(key)
+            return text_writer(dumps_lr_scheduler_states(self, source))
+        attr = attr_of(key)
         if not self.initialized_:
             self.check_is_fitted([attr], msg=_MSG_INIT.format(verb="save"))
         state = self._get_module(attr, msg=_MSG_MODULE.format(verb="save")).state_dict()
         if key == "f_grad_scaler" and safetensors:
-            state = _to_tensors(state)
-        return _state_writer(state, source, safetensors)
+            state = to_tensors(state)
+        return state_writer(state, source, safetensors)
 
     def _pickle_writer(self, target: Any) -> None:
         if is_path(target):
@@ -444,34 +444,34 @@ class PersistenceMixin:
             device = self._check_device(self.device, map_location)
         safe = {"weights_only": True}
         for key, target in files.items():
-            source = _describe_target(key, target)
+            source = describe_target(key, target)
             if key == "f_history":
-                rows = _read_history(target, source)
+                rows = read_history(target, source)
                 late.append(Step(
                     source,
                     lambda rows=rows: setattr(self, "history", History(rows)),
                     lambda: snapshot_attribute(self, "history"),
                 ))
             elif key == "f_rng_state":
-                state = _read_state(target, source, safetensors, "cpu", safe)
+                state = read_state(target, source, safetensors, "cpu", safe)
                 rng.append(Step(source, prepare_rng_state(state, source).apply, capture_rng_state))
             elif key == "f_lr_schedulers":
                 data = read_lr_scheduler_states(target, source)
                 late.append(self._plan_schedulers(data, source))
             else:
-                attr = _attr_of(key)
+                attr = attr_of(key)
                 if not self.initialized_:
                     self.check_is_fitted([attr], msg=_MSG_INIT.format(verb="load"))
                 obj = self._get_module(attr, msg=_MSG_MODULE.format(verb="load"))
                 if key == "f_grad_scaler":
-                    state = _read_state(target, source, safetensors, "cpu", safe)
+                    state = read_state(target, source, safetensors, "cpu", safe)
                     if safetensors:
-                        state = _from_tensors(state)
+                        state = from_tensors(state)
                     modules.append(self._plan_grad_scaler(state, source))
                     continue
-                state = _read_state(target, source, safetensors, map_location, load_kwargs)
+                state = read_state(target, source, safetensors, map_location, load_kwargs)
                 if isinstance(obj, torch.nn.Module):
-                    _check_module_state(obj, state, source, attr)
+                    check_module_state(obj, state, source, attr)
                     extra = ()
                     if attr == "module_":
                         extra = tuple((getattr(self, "amp_master_params_", None) or {}).values())
@@ -529,7 +529,7 @@ class PersistenceMixin:
             policy = self.precision_policy_
             message = (
                 f"{source} holds the state of an enabled loss scaler (scale "
-                f"{float(_plain(state['scale'])):g}), but this net trains in {policy.name} "
+                f"{float(plain(state['scale'])):g}), but this net trains in {policy.name} "
                 "without loss scaling, so the scaler state was not loaded (everything "
                 "else was). This is expected when switching from float16 to bfloat16 or "
                 "float32; pass f_grad_scaler=None to load without this warning."
@@ -539,14 +539,14 @@ class PersistenceMixin:
         own = scaler.state_dict()
         settings = [k for k in own if k not in _SCALER_TRACKERS]
         notes = [
-            f"{k}={_plain(state[k])!r} in the file, {own[k]!r} in the net"
+            f"{k}={plain(state[k])!r} in the file, {own[k]!r} in the net"
             for k in settings
-            if k in state and _plain(state[k]) != own[k]
+            if k in state and plain(state[k]) != own[k]
         ]
         unknown = sorted(str(k) for k in state if k not in own)
         if unknown:
             notes.append(f"{unknown} in the file are not used by {type(scaler).__name__}")
-        merged = {k: _plain(v) for k, v in state.items() if k in own}
+        merged = {k: plain(v) for k, v in state.items() if k in own}
         merged.update({k: own[k] for k in settings})
         merged["scale"] = float(merged["scale"])
         low, high = own.get("min_scale"), own.get("max_scale")
