@@ -3,10 +3,8 @@ precision as a hyper-parameter."""
 
 from __future__ import annotations
 
-import copy
 import difflib
 import inspect
-import warnings
 from numbers import Integral
 from typing import Any
 
@@ -16,12 +14,18 @@ from skorch.classifier import NeuralNetBinaryClassifier, NeuralNetClassifier
 from skorch.regressor import NeuralNetRegressor
 from skorch.utils import to_tensor
 
+from ampnet.checkpoint import epochs_to_run
+from ampnet.devices import check_device
 from ampnet.distributed import DistributedMixin
-from ampnet.exceptions import AmpWarning
+from ampnet.doctor_hooks import adapt_recording_hooks
+from ampnet.exceptions import amp_warn
+from ampnet.input_dtype import match_module_dtype
+from ampnet.net_repr import add_amp_params
+from ampnet.no_effect import warn_ineffective_settings
 from ampnet.persistence import PersistenceMixin
 from ampnet.precision import PrecisionPolicy, _describe, resolve_precision
 from ampnet.precision_control import PrecisionControlMixin
-from ampnet.scaler import LIVE_SETTINGS, GradScaler, validate_scaler_settings
+from ampnet.scaler import LIVE_SETTINGS, GradScaler, copy_to_device, validate_scaler_settings
 from ampnet.training import StepState, TrainingStepMixin
 from ampnet.utils import cast_floating, may_use_closure, needs_closure
 
@@ -193,6 +197,7 @@ class AmpNetMixin(PersistenceMixin, PrecisionControlMixin, DistributedMixin, Tra
         """Resolve ``precision_policy_`` from ``amp_enabled``,
         ``amp_dtype`` and ``device``."""
         self._check_amp_params()
+        check_device(self.device)
         self.precision_policy_: PrecisionPolicy = resolve_precision(
             self.amp_enabled, self.amp_dtype, self.device, self.amp_level
         )
@@ -247,17 +252,13 @@ class AmpNetMixin(PersistenceMixin, PrecisionControlMixin, DistributedMixin, Tra
             if kwargs or forced is not None:
                 scaler = type(scaler)(device=policy.device_type, enabled=enabled, **kwargs)
             else:
-                # the instance is a hyper-parameter: fit must not change it, and
-                # clones must not share a training state
-                scaler = copy.deepcopy(scaler)
+                scaler = copy_to_device(scaler, policy.device_type)
         else:
             scaler = scaler(device=policy.device_type, enabled=enabled, **kwargs)
         if policy.uses_scaler and not scaler.is_enabled():
-            warnings.warn(
+            amp_warn(
                 "float16 training without loss scaling (grad_scaler__enabled=False): "
                 "small gradients underflow to zero in float16.",
-                AmpWarning,
-                stacklevel=2,
             )
         self.grad_scaler_ = scaler
         return self
@@ -294,14 +295,12 @@ class AmpNetMixin(PersistenceMixin, PrecisionControlMixin, DistributedMixin, Tra
             )
             if self.amp_closure_mode_ and self.amp_skip_nonfinite:
                 names = ", ".join(f"{n} ({type(optimizers[n]).__name__})" for n in optional)
-                warnings.warn(
+                amp_warn(
                     f"Optimizer {names} takes an optional closure, so ampnet steps it through "
                     "skorch's closure path, as skorch does: the non-finite guard "
                     "(amp_skip_nonfinite), step_skipped records and LR-scheduler holding do not "
                     "apply to it. Set amp_skip_nonfinite=False to accept this, or use an "
                     "optimizer from torch.optim.",
-                    AmpWarning,
-                    stacklevel=3,
                 )
             return
         self.amp_closure_mode_ = True
@@ -332,6 +331,7 @@ class AmpNetMixin(PersistenceMixin, PrecisionControlMixin, DistributedMixin, Tra
         self.amp_step_state_ = StepState()
         with self._current_init_context("distributed"):
             self.initialize_distributed()
+        warn_ineffective_settings(self)
         return self
 
     def _initialize_optimizer(self, reason: str | None = None) -> "AmpNetMixin":
@@ -394,8 +394,15 @@ class AmpNetMixin(PersistenceMixin, PrecisionControlMixin, DistributedMixin, Tra
         if not self.initialized_:
             self.initialize()
         for notice in self.precision_policy_.notices:
-            warnings.warn(notice, AmpWarning, stacklevel=2)
+            amp_warn(notice)
+        if self.precision_policy_.enabled:
+            adapt_recording_hooks(self)  # skorch's SkorchDoctor records float32
         return super().partial_fit(X, y, classes, **fit_params)
+
+    def fit_loop(self, X, y=None, epochs=None, **fit_params):
+        if epochs is None:
+            epochs = epochs_to_run(self)  # LoadInitState(resume="total")
+        return super().fit_loop(X, y, epochs=epochs, **fit_params)
 
     # ---- forward, loss and outputs -------------------------------------
 
@@ -403,10 +410,13 @@ class AmpNetMixin(PersistenceMixin, PrecisionControlMixin, DistributedMixin, Tra
         """Forward pass under the precision policy's autocast.
 
         Floating low-precision outputs are returned as float32, so that the
-        loss, skorch's caching scorers and ``to_numpy`` see float32.
+        loss, skorch's caching scorers and ``to_numpy`` see float32. float64
+        inputs are cast to float32 for a float32 module, AMP on or off (a
+        float64 module keeps them with AMP off).
         """
         policy = self.precision_policy_
         if not policy.enabled:
+            x = match_module_dtype(x, getattr(self, "module_", None), self.device)
             return super().infer(x, **fit_params)
         x = cast_floating(to_tensor(x, device=self.device), torch.float32, only=(torch.float64,))
         with policy.autocast():
@@ -430,6 +440,9 @@ class AmpNetMixin(PersistenceMixin, PrecisionControlMixin, DistributedMixin, Tra
             return super().get_loss(y_pred, y_true, X=X, training=training)
         with policy.autocast():
             return super().get_loss(y_pred, y_true, X=X, training=training)
+
+    def __repr__(self) -> str:
+        return add_amp_params(super().__repr__(), self)
 
     # ---- pickling -------------------------------------------------------
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import warnings
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Callable
@@ -43,7 +42,7 @@ from skorch.history import History
 from skorch.utils import _check_f_arguments, get_map_location
 
 from ampnet.atomic import atomic_write_group, is_path, recover
-from ampnet.exceptions import AmpWarning
+from ampnet.exceptions import amp_warn
 from ampnet.state_files import (
     _describe_target,
     _attr_of,
@@ -362,11 +361,9 @@ class PersistenceMixin:
             if self._needs_file(k)
         ]
         if notes:
-            warnings.warn(
+            amp_warn(
                 "Loading a checkpoint without ampnet's resume files (an older checkpoint?): "
                 + "; ".join(notes) + ". Everything else was loaded.",
-                AmpWarning,
-                stacklevel=3,
             )
         return {k: v for k, v in files.items() if k not in missing}
 
@@ -430,10 +427,8 @@ class PersistenceMixin:
     def _restore_schedulers(self, data: dict[str, Any], source: str) -> None:
         notes = restore_lr_schedulers(self, data)
         if notes:
-            warnings.warn(
+            amp_warn(
                 f"Learning-rate schedulers not restored from {source}: " + "; ".join(notes) + ".",
-                AmpWarning,
-                stacklevel=4,
             )
 
     def _plan_grad_scaler(self, state: Any, source: str) -> Callable[[], None]:
@@ -454,7 +449,7 @@ class PersistenceMixin:
                 "else was). This is expected when switching from float16 to bfloat16 or "
                 "float32; pass f_grad_scaler=None to load without this warning."
             )
-            return lambda: warnings.warn(message, AmpWarning, stacklevel=4)
+            return lambda: amp_warn(message)
         validate_scaler_state(state, source)
         version = state.get("ampnet_scaler_version", _STATE_VERSION)
         if not isinstance(version, int) or version > _STATE_VERSION:
@@ -491,7 +486,7 @@ class PersistenceMixin:
         def apply() -> None:
             scaler.load_state_dict(merged)
             if notes:
-                warnings.warn(message, AmpWarning, stacklevel=4)
+                amp_warn(message)
 
         return apply
 

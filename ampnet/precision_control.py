@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import warnings
 from typing import Any, Iterator
 
 import torch
 from skorch.utils import to_tensor
 
-from ampnet.exceptions import AmpWarning
+from ampnet.exceptions import amp_warn
 from ampnet.layout import PrecisionLayout, plan_layout
 from ampnet.master_weights import (
     find_state_hook,
@@ -241,11 +240,9 @@ class PrecisionControlMixin:
             try:
                 getattr(self, name + "_").load_state_dict(state)
             except ValueError as exc:
-                warnings.warn(
+                amp_warn(
                     f"The state of {name} could not be carried over after changing "
                     f"{', '.join(changed)} ({exc}); it starts afresh.",
-                    AmpWarning,
-                    stacklevel=3,
                 )
 
     # ---- skorch overrides: initialization and parameters ------------------

@@ -10,14 +10,13 @@ or saved with safetensors, and a malicious file cannot run code.
 from __future__ import annotations
 
 import random
-import warnings
 from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 import torch
 
-from ampnet.exceptions import AmpWarning
+from ampnet.exceptions import amp_warn
 
 __all__ = ["get_rng_state", "set_rng_state", "validate_rng_state"]
 
@@ -158,11 +157,9 @@ def set_rng_state(state: dict[str, torch.Tensor], source: str = "the RNG state")
         if index < available:
             torch.cuda.set_rng_state(cuda_state.cpu(), index)
     if available < len(cuda):
-        warnings.warn(
+        amp_warn(
             f"{source} holds CUDA RNG states for {len(cuda)} device(s), but only "
             f"{available} CUDA device(s) are available here; the other states were not "
             "restored, so CUDA random numbers (e.g. dropout on the GPU) will differ from "
             "the interrupted run.",
-            AmpWarning,
-            stacklevel=2,
         )

@@ -10,7 +10,6 @@ mixed into :class:`ampnet.AmpNet` and expects the attributes that
 from __future__ import annotations
 
 import contextlib
-import warnings
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
@@ -18,7 +17,7 @@ import torch
 from skorch.callbacks import LRScheduler
 from skorch.utils import TeeGenerator
 
-from ampnet.exceptions import AmpDivergenceError, AmpStateError, AmpWarning
+from ampnet.exceptions import AmpDivergenceError, AmpStateError, amp_warn
 from ampnet.utils import grads_are_finite, has_nonfinite, optimizer_params_with_grad
 
 __all__ = ["TrainingStepMixin", "StepState"]
@@ -237,19 +236,15 @@ class TrainingStepMixin:
         if bad_data:
             state.nonfinite_inputs += 1
             history.record_batch("nonfinite_input", True)
-            warnings.warn(
+            amp_warn(
                 "A training batch holds NaN or inf in its input or target; its "
                 "optimizer step was skipped and the loss scale kept (this is bad "
                 "data, not a float16 overflow). Clean or impute the data.",
-                AmpWarning,
-                stacklevel=2,
             )
         elif not self.precision_policy_.enabled:
-            warnings.warn(
+            amp_warn(
                 "Non-finite gradients: the optimizer step was skipped so that the "
                 "weights stay finite (amp_skip_nonfinite=True).",
-                AmpWarning,
-                stacklevel=2,
             )
         limit = self.amp_max_consecutive_skips
         if limit is not None and state.consecutive_skips >= limit:
