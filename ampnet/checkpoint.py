@@ -287,6 +287,15 @@ class LoadInitState(SkorchLoadInitState):
         self.pending_ = (groups, schedulers)
 
     def on_epoch_begin(self, net: Any, **kwargs: Any) -> None:
+        self._restore_pending(net)
+
+    def on_train_end(self, net: Any, **kwargs: Any) -> None:
+        # a fit that trained no epoch (resume='total' on a finished run)
+        # leaves the loaded state as it was saved
+        self._restore_pending(net)
+        self.epochs_left_ = None
+
+    def _restore_pending(self, net: Any) -> None:
         if self.pending_ is None:
             return
         groups, schedulers = self.pending_
