@@ -65,6 +65,17 @@ def test_cuda_index_beyond_the_devices():
         check_device(f"cuda:{count}")
 
 
+def test_cuda_index_beyond_the_devices_without_a_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    check_device("cuda:1")
+    with pytest.raises(ValueError, match=re.escape(
+        "device='cuda:3', but this machine has 2 CUDA device(s) (indices 0 to 1). Fix: "
+        "device='cuda:0' or another index below 2."
+    )):
+        check_device("cuda:3")
+
+
 @pytest.mark.parametrize("device", ["cpu", torch.device("cpu"), None, "meta"])
 def test_available_devices_pass(device):
     check_device(device)
@@ -84,6 +95,7 @@ def test_demo_reports_a_missing_device_without_a_traceback(device):
     # the first run is the AMP-off row: it fails with ampnet's message, not torch's
     assert "[1/3] float32 (AMP off): training ... failed" in proc.stdout
     assert proc.stderr.strip().startswith(f"python -m ampnet: error: device='{device}', but ")
+    assert len(proc.stderr.strip().splitlines()) == 1  # one error line
     assert "Fix: device='cpu'" in proc.stderr
 
 

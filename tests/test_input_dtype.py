@@ -88,15 +88,21 @@ def test_float64_module_keeps_float64_with_amp_off(cancer):
     assert losses(ours) == losses(theirs) and same_weights(ours, theirs)
 
 
-def test_grid_over_amp_enabled_in_a_scaler_pipeline():
+GRIDS = [
+    {"ampnetclassifier__amp_enabled": [False, True]},
+    # the README's grid with AMP settings in the AMP branch only: no "no effect" warning
+    [{"ampnetclassifier__amp_enabled": [False]},
+     {"ampnetclassifier__amp_enabled": [True], "ampnetclassifier__amp_dtype": ["bfloat16"]}],
+]
+
+
+@pytest.mark.parametrize("grid", GRIDS, ids=["dict", "list"])
+def test_grid_over_amp_enabled_in_a_scaler_pipeline(grid):
     X, y = load_breast_cancer(return_X_y=True)
     X, y = X[:150], y[:150].astype(np.int64)  # raw float64, scaled inside the pipeline
     net = AmpNetClassifier(MLP, max_epochs=2, batch_size=32, lr=0.05, train_split=None, verbose=0)
-    search = GridSearchCV(
-        make_pipeline(StandardScaler(), net), {"ampnetclassifier__amp_enabled": [False, True]},
-        cv=2, error_score="raise",
-    )
-    search.fit(X, y)
+    search = GridSearchCV(make_pipeline(StandardScaler(), net), grid, cv=2, error_score="raise")
+    search.fit(X, y)  # an AmpWarning would be an error in this suite
     scores = search.cv_results_["mean_test_score"]
     assert len(scores) == 2 and all(0.5 < s <= 1.0 for s in scores)
     best = search.best_estimator_[-1]

@@ -2,6 +2,7 @@
 SkorchDoctor (fit, every record, every plot) and the stock callbacks
 PrintLog, EpochScoring, TensorBoard, ProgressBar and Checkpoint."""
 
+import functools
 import re
 
 import numpy as np
@@ -58,9 +59,9 @@ def data(n=32):
 
 
 def make_net(dtype, level="mixed", **kwargs):
-    settings = dict(max_epochs=2, batch_size=16, lr=0.1, verbose=0, train_split=None)
+    settings = dict(module=Tiny, max_epochs=2, batch_size=16, lr=0.1, verbose=0, train_split=None)
     settings.update(kwargs)
-    return AmpNetClassifier(Tiny, amp_enabled=True, amp_dtype=dtype, amp_level=level, **settings)
+    return AmpNetClassifier(amp_enabled=True, amp_dtype=dtype, amp_level=level, **settings)
 
 
 # ---- SkorchDoctor -----------------------------------------------------------
@@ -155,11 +156,47 @@ def test_doctor_every_plot(doctored):
         plt.close("all")
 
 
+class Overflowing(Tiny):
+    """Its output is inf on the training batch ``bad``: the float16 step overflows."""
+
+    def __init__(self, bad=2):
+        super().__init__()
+        self.bad, self.calls = bad, 0
+
+    def forward(self, X):
+        out = super().forward(X)
+        if self.training:
+            self.calls += 1
+            if self.calls == self.bad:
+                out = out * float("inf")
+        return out
+
+
+def test_doctor_records_the_overflowed_step():
+    X, y = data()
+    net = make_net("float16", module=Overflowing)
+    doctor = SkorchDoctor(net).fit(X, y)
+    skipped = [b["step_skipped"] for row in net.history for b in row["batches"]]
+    assert skipped == [False, True, False, False]
+    finite = [all(np.isfinite(g).all() for g in step.values()) for step in doctor.gradient_recs_["module"]]
+    assert finite == [True, False, True, True]
+
+
+class HookTypes(Callback):
+    """Records the types of the forward hooks on the module during training."""
+
+    def on_batch_begin(self, net, training=False, **kwargs):
+        if training:
+            self.types_ = {type(h) for m in net.module_.modules() for h in m._forward_hooks.values()}
+
+
 def test_doctor_hooks_are_left_alone_with_amp_off():
     X, y = data()
     torch.manual_seed(0)
-    doctor = SkorchDoctor(AmpNetClassifier(Tiny, max_epochs=1, batch_size=16, train_split=None, verbose=0))
+    doctor = SkorchDoctor(AmpNetClassifier(Tiny, max_epochs=1, batch_size=16, train_split=None,
+                                           verbose=0, callbacks=[HookTypes()]))
     doctor.fit(X, y)
+    assert dict(doctor.net.callbacks_)["HookTypes"].types_ == {functools.partial}
     torch.manual_seed(0)
     from skorch import NeuralNetClassifier
 
