@@ -68,6 +68,9 @@ def test_quick_benchmark_writes_report(tmp_path, capsys):
     _check_results(results, ["mlp", "predict"], rounds=2)
     keys = [c["key"] for c in results["workloads"][0]["contenders"]]
     assert keys == list(CONTENDER_KEYS)
+    # every contender's settings act (AMP settings only on the AMP contenders)
+    assert not [w for wl in results["workloads"] for c in wl["contenders"] for w in c["warnings"]
+                if "no effect" in w]
     assert (out / "results.md").read_text() == to_markdown(results)
     # no verdicts and no internal jargon in a smoke test
     assert "Met" not in stdout and "Target" not in stdout and "issue" not in stdout
