@@ -58,8 +58,10 @@ def _how_to_get(kind: str, label: str) -> str:
 def check_device(device: Any, name: str = "device") -> None:
     """Raise a ``ValueError`` if ``device`` is not usable on this machine.
 
-    ``None`` (skorch's "leave the module where it is") and devices whose
-    availability torch cannot report are accepted.
+    ``None`` (skorch's "leave the module where it is"), strings that are not
+    torch devices (skorch hands them to ``.to()``, which a custom module may
+    accept; with AMP on, :func:`ampnet.precision.resolve_precision` refuses
+    them) and devices whose availability torch cannot report are accepted.
 
     Parameters
     ----------
@@ -72,20 +74,17 @@ def check_device(device: Any, name: str = "device") -> None:
     Raises
     ------
     ValueError
-      ``device`` is not a device string, or names a device type that is not
-      available (``'cuda'`` without CUDA, ``'cuda:3'`` on a machine with two
+      ``device`` names a device type that is not available (``'cuda'`` without CUDA, ``'cuda:3'`` on a machine with two
       GPUs, ``'mps'`` off Apple silicon, ``'xla'`` without ``torch_xla``).
     """
     if device is None:
         return
     try:
         dev = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(
-            f"{name} must be a torch device such as 'cpu', 'cuda', 'cuda:1' or 'mps'; got "
-            f"{device!r} ({type(device).__name__}). Fix: {name}='cuda' for the GPU or "
-            f"{name}='cpu'."
-        ) from exc
+    except (RuntimeError, TypeError):
+        # not a torch device string: skorch passes it to .to(), which custom
+        # modules may accept; with AMP on, resolve_precision refuses it
+        return
     if dev.type in ("cpu", "meta"):
         return
     ok, count = _available(dev.type)

@@ -55,7 +55,9 @@ def test_missing_device_is_a_clear_error_amp_on_or_off(device, message, amp):
 
 def test_device_that_is_not_a_device():
     with pytest.raises(ValueError, match=r"device must be a torch device .*got 'gpu' \(str\)"):
-        AmpNetClassifier(Tiny, device="gpu").initialize()
+        AmpNetClassifier(Tiny, device="gpu", amp_enabled=True).initialize()
+    # with AMP off it goes to .to(), as in skorch (a custom module may accept it)
+    check_device("foo")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
