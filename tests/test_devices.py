@@ -126,3 +126,14 @@ def test_grad_scaler_made_for_another_device_moves_to_the_net():
     assert net.grad_scaler_._device == "cpu" and net.grad_scaler_.get_scale() == 256.0
     assert net.grad_scaler_._scale.device.type == "cpu"
     assert scaler._device == "cuda"  # the hyper-parameter is unchanged
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cpu_made_grad_scaler_moves_to_a_cuda_net():
+    scaler = ampnet.GradScaler(device="cpu", init_scale=256.0)
+    net = AmpNetClassifier(Tiny, device="cuda", amp_enabled=True, amp_dtype="float16",
+                           grad_scaler=scaler, max_epochs=1, batch_size=16, train_split=None, verbose=0)
+    net.fit(*data())
+    assert net.grad_scaler_._scale.device.type == "cuda"
+    assert net.history[0, "batches", 0, "loss_scale"] == 256.0
