@@ -8,9 +8,11 @@ under bfloat16 (which needs no loss scaling) is never used. Each is legal
 (a grid over ``amp_enabled`` sets them on AMP-off nets too), so it warns
 rather than raises.
 
-Loss-scaler settings under bfloat16 are not reported: a grid over
-``amp_dtype`` sets them for its float16 branch, and the bfloat16 branch
-keeps them (``grad_scaler__enabled=True`` turns scaling on there).
+The loss scaler's settings (``grad_scaler``, ``grad_scaler__*``) are not
+reported where no loss scaling runs (AMP off, bfloat16): they are only ever
+read by a float16 net, and one net's settings serve a grid over
+``amp_enabled`` or ``amp_dtype`` (``grad_scaler__enabled=True`` turns
+scaling on under bfloat16).
 """
 
 from __future__ import annotations
@@ -65,14 +67,10 @@ def ineffective_settings(net: Any) -> list[str]:
     """Sentences naming each setting of an initialized ``net`` that has no
     effect, with the fix; empty when every setting acts."""
     policy = net.precision_policy_
-    scaler_kw = net.get_params_for("grad_scaler")
     notes = []
     if not policy.enabled:
         names = [n for n in AMP_ONLY if not is_default(net, n)]
         shown = [_setting(n, getattr(net, n)) for n in names]
-        shown += [_setting("grad_scaler__" + k, v) for k, v in sorted(scaler_kw.items())]
-        if not is_default(net, "grad_scaler"):
-            shown.append(_setting("grad_scaler", net.grad_scaler))
         if shown:
             notes.append(
                 f"amp_enabled=False, so {', '.join(shown)} "

@@ -1,6 +1,7 @@
 """A device the machine lacks is a clear ValueError from ampnet, AMP on or
 off (also in the demo); a GradScaler instance follows the net's device."""
 
+import importlib.util
 import re
 import subprocess
 import sys
@@ -38,9 +39,7 @@ MISSING = [
     pytest.param(torch.device("cuda"), "CUDA is not available on this machine", marks=no_cuda),
     pytest.param("mps", r"MPS \(Apple GPU\) is not available on this machine", marks=no_mps),
 ]
-try:
-    import torch_xla  # noqa: F401
-except ImportError:
+if importlib.util.find_spec("torch_xla") is None:
     MISSING.append(pytest.param("xla", r"XLA \(TPU\) is not available on this machine \(torch_xla is not installed\)"))
 
 

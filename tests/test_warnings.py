@@ -12,6 +12,7 @@ from skorch.callbacks import Checkpoint as SkorchCheckpoint
 from skorch.callbacks import LRScheduler
 from sklearn.model_selection import GridSearchCV
 
+import ampnet
 from ampnet import AmpNetClassifier
 from ampnet.checkpoint import Checkpoint
 from ampnet.exceptions import AmpWarning
@@ -80,7 +81,7 @@ def assert_at(warning, line):
      "amp_enabled=False, so amp_dtype='bf16', amp_master_weights=False, "
      "amp_fp32_modules=['out'] have no effect"),
     ({"amp_modules": "hidden", "grad_scaler__init_scale": 8.0},
-     "amp_enabled=False, so amp_modules='hidden', grad_scaler__init_scale=8.0 have no effect"),
+     "amp_enabled=False, so amp_modules='hidden' has no effect"),
     ({"amp_enabled": True, "amp_dtype": "bf16", "amp_master_weights": False},
      "amp_master_weights=False has no effect with amp_level='mixed'"),
     ({"memory_format": "channels_last"},
@@ -109,8 +110,10 @@ def test_pure_without_low_precision_parameters_warns():
     {},
     {"amp_enabled": True, "amp_dtype": "bf16", "amp_level": "pure", "amp_fp32_modules": ["out"]},
     {"amp_enabled": True, "amp_dtype": "bf16", "amp_level": "pure", "amp_master_weights": False},
-    # a grid over amp_dtype sets scaler settings for its float16 branch: not reported
+    # scaler settings serve a grid's float16 branch: not reported where no scaling runs
     {"amp_enabled": True, "amp_dtype": "bf16", "grad_scaler__init_scale": 8.0},
+    {"amp_enabled": False, "grad_scaler__init_scale": 8.0, "grad_scaler": ampnet.GradScaler},
+    {"amp_enabled": False, "grad_scaler": torch.amp.GradScaler},
     {"amp_enabled": False, "memory_format": "preserve"},
 ])
 def test_settings_that_act_do_not_warn(settings):
