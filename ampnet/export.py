@@ -39,7 +39,7 @@ import torch
 from skorch.classifier import NeuralNetBinaryClassifier
 
 from ampnet.io.atomic import atomic_write_group
-from ampnet.exceptions import AmpWarning
+from ampnet.exceptions import AmpWarning, amp_warn
 from ampnet._tree import cast_floating
 from ampnet.precision.component import Precision, module_root
 from ampnet.precision.masters import remove_state_hooks
@@ -177,15 +177,12 @@ def _float32_copy(net: Any) -> torch.nn.Module:
     layout = getattr(net, "amp_layout_", None)
     low = layout.low_precision_params if layout is not None else ()
     if low and not getattr(net, "amp_master_params_", None):
-        warnings.warn(
+        amp_warn(
             f"This net stores {len(low)} parameter(s) in "
             f"{dtype_name(layout.dtype)} without float32 master copies "
             "(amp_master_weights=False, or trim_for_prediction() after amp_level='pure'): "
             "the export holds those low-precision values. Export before trimming to keep "
-            "the float32 weights.",
-            AmpWarning,
-            stacklevel=4,
-        )
+            "the float32 weights.")
     state = root.state_dict() if low else {}  # float32 entries from the masters
     module = copy.deepcopy(root)
     remove_regions(module)

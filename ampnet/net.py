@@ -16,7 +16,6 @@ Saving and loading live in :class:`ampnet.io.persistence.PersistenceMixin`.
 
 from __future__ import annotations
 
-import warnings
 from typing import Any, Iterator
 
 import torch
@@ -24,16 +23,20 @@ from skorch import NeuralNet
 from skorch.classifier import NeuralNetBinaryClassifier, NeuralNetClassifier
 from skorch.dataset import unpack_data
 from skorch.regressor import NeuralNetRegressor
-from skorch.utils import to_tensor
 
 from ampnet import step as steps
 from ampnet._docs import amp_doc
 from ampnet._tree import iter_tensors
-from ampnet.exceptions import AmpWarning
+from ampnet.callbacks.checkpoint import epochs_to_run
+from ampnet.doctor_hooks import adapt_recording_hooks
+from ampnet.exceptions import amp_warn
+from ampnet.net_repr import add_amp_params
 from ampnet.conversion import ConversionMixin
 from ampnet.io.persistence import PersistenceMixin
 from ampnet.parallel import Parallel, build_parallel
 from ampnet.precision.component import Precision, build_scaler
+from ampnet.precision.devices import check_device
+from ampnet.precision.no_effect import warn_ineffective_settings
 from ampnet.precision.plan import PrecisionLayout
 from ampnet.precision.policy import PrecisionPolicy
 from ampnet.precision.scaler import LIVE_SETTINGS, GradScaler
@@ -135,6 +138,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         """Check every AMP setting, then initialize skorch's components and
         the precision, step and data-parallel components. A failure leaves
         ``initialized_`` False."""
+        check_device(self.device)
         params = self._precision_params()
         settings = read_settings(params)
         steps.check_step_params(params)
@@ -157,6 +161,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         except BaseException:
             self.initialized_ = False
             raise
+        warn_ineffective_settings(self)
         return self
 
     def initialize_grad_scaler(self) -> "AmpNetMixin":
@@ -287,12 +292,9 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
             try:
                 getattr(self, name + "_").load_state_dict(state)
             except ValueError as exc:
-                warnings.warn(
+                amp_warn(
                     f"The state of {name} could not be carried over after changing "
-                    f"{', '.join(changed)} ({exc}); it starts afresh.",
-                    AmpWarning,
-                    stacklevel=4,
-                )
+                    f"{', '.join(changed)} ({exc}); it starts afresh.")
 
     # ---- fitting --------------------------------------------------------
 
@@ -300,10 +302,14 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         if not self.initialized_:
             self.initialize()
         for notice in self.precision_policy_.notices:
-            warnings.warn(notice, AmpWarning, stacklevel=2)
+            amp_warn(notice)
+        if self.precision_policy_.enabled:
+            adapt_recording_hooks(self)  # skorch's SkorchDoctor records float32
         return super().partial_fit(X, y, classes, **fit_params)
 
     def fit_loop(self, X, y=None, epochs=None, **fit_params):
+        if epochs is None:
+            epochs = epochs_to_run(self)  # LoadInitState(resume="total")
         with self.parallel_.fitting():
             return super().fit_loop(X, y, epochs=epochs, **fit_params)
 
@@ -400,12 +406,14 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         """Forward pass in the precision context.
 
         Floating low-precision outputs are returned as float32, so that the
-        loss, skorch's caching scorers and ``to_numpy`` see float32.
+        loss, skorch's caching scorers and ``to_numpy`` see float32. float64
+        inputs are cast to float32 for a float32 module, AMP on or off (a
+        float64 module keeps them with AMP off).
         """
         prec, parallel = self.precision_, self.parallel_
-        if not prec.converts_input and parallel.ddp is None:
+        x = prec.convert_input(x, self.__dict__.get("module_"), self.device)
+        if not prec.enabled and parallel.ddp is None:
             return super().infer(x, **fit_params)
-        x = prec.convert_input(to_tensor(x, device=self.device))
         with prec.forward_context(), parallel.forward_module(self):
             try:
                 return prec.convert_output(super().infer(x, **fit_params))
@@ -479,6 +487,9 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
             prec.to_device_type(self.__dict__.get("module_"), torch.device(self.device or "cpu").type)
         if "parallel_" in self.__dict__:
             self.parallel_ = Parallel()
+
+    def __repr__(self) -> str:
+        return add_amp_params(super().__repr__(), self)
 
     def trim_for_prediction(self):
         """skorch's trim; the float32 master weights are dropped as well."""

@@ -13,7 +13,6 @@ any-rank decision).
 from __future__ import annotations
 
 import inspect
-import warnings
 from dataclasses import dataclass, field
 from numbers import Integral
 from typing import Any, Iterable, Iterator, Mapping
@@ -24,7 +23,7 @@ from skorch.callbacks import LRScheduler
 from skorch.utils import TeeGenerator
 
 from ampnet._tree import has_nonfinite
-from ampnet.exceptions import AmpDivergenceError, AmpStateError, AmpWarning
+from ampnet.exceptions import AmpDivergenceError, AmpStateError, amp_warn
 from ampnet.validation import describe
 
 __all__ = [
@@ -183,20 +182,14 @@ def _record(net: Any, skipped: bool, bad_data: bool = False, boundary: bool = Tr
     if bad_data:
         state.nonfinite_inputs += 1
         history.record_batch("nonfinite_input", True)
-        warnings.warn(
+        amp_warn(
             "A training batch holds NaN or inf in its input or target; its "
             "optimizer step was skipped and the loss scale kept (this is bad "
-            "data, not a float16 overflow). Clean or impute the data.",
-            AmpWarning,
-            stacklevel=2,
-        )
+            "data, not a float16 overflow). Clean or impute the data.")
     elif not net.precision_.enabled:
-        warnings.warn(
+        amp_warn(
             "Non-finite gradients: the optimizer step was skipped so that the "
-            "weights stay finite (amp_skip_nonfinite=True).",
-            AmpWarning,
-            stacklevel=2,
-        )
+            "weights stay finite (amp_skip_nonfinite=True).")
     limit = net.amp_max_consecutive_skips
     if limit is not None and state.consecutive_skips >= limit:
         raise AmpDivergenceError(_divergence_message(net, state))
@@ -304,15 +297,12 @@ def uses_closure(net: Any, scaling: bool, skip_nonfinite: bool, accumulation: in
         on = bool(optional and not scaling and accumulation == 1)
         if on and skip_nonfinite:
             names = ", ".join(f"{n} ({type(optimizers[n]).__name__})" for n in optional)
-            warnings.warn(
+            amp_warn(
                 f"Optimizer {names} takes an optional closure, so ampnet steps it through "
                 "skorch's closure path, as skorch does: the non-finite guard "
                 "(amp_skip_nonfinite), step_skipped records and LR-scheduler holding do not "
                 "apply to it. Set amp_skip_nonfinite=False to accept this, or use an "
-                "optimizer from torch.optim.",
-                AmpWarning,
-                stacklevel=4,
-            )
+                "optimizer from torch.optim.")
         return on
     names = ", ".join(f"{n} ({type(optimizers[n]).__name__})" for n in closure)
     if scaling:

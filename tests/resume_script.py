@@ -5,6 +5,13 @@ process) and run as a script in fresh processes (resume, and the run that
 is killed mid-epoch)::
 
     python resume_script.py CHECKPOINT_DIR OUT_DIR --stop-after 6 [--hang-epoch 4]
+    python resume_script.py CHECKPOINT_DIR OUT_DIR --resume total
+
+With ``--resume total`` the script is what the README shows: ``max_epochs``
+is the length of the run and ``LoadInitState(cp, resume="total")`` makes a
+rerun finish it; the environment variable ``RESUME_SCRIPT_HANG_EPOCH`` makes
+a run hang (to be killed) so that the killed run and its rerun are the same
+command.
 """
 
 import argparse
@@ -87,10 +94,27 @@ def differences(a, b, path="state"):
     return [] if a == b else [f"{path}: {a!r} != {b!r}"]
 
 
-def make_net(dirname, stop_after=N_EPOCHS, hang_epoch=None, **checkpoint_kwargs):
+def make_net(dirname, stop_after=N_EPOCHS, hang_epoch=None, resume=None, **checkpoint_kwargs):
     """fp16 with GradScaler('cpu') and a large init_scale (so that steps
-    overflow and are skipped), Adam, StepLR, shuffling, a validation split."""
+    overflow and are skipped), Adam, StepLR, shuffling, a validation split.
+
+    ``resume=None``: max_epochs=100 and a callback that stops the run once
+    the history holds ``stop_after`` epochs; ``'more'`` or ``'total'``:
+    max_epochs=N_EPOCHS and ``LoadInitState(cp, resume=resume)``, no stop.
+    """
     cp = Checkpoint(monitor=None, dirname=dirname, **checkpoint_kwargs)
+    if resume is not None:
+        return AmpNetClassifier(
+            Tiny, amp_enabled=True, amp_dtype="float16", grad_scaler__init_scale=2.0**24,
+            grad_scaler__growth_interval=3, optimizer=torch.optim.Adam, lr=0.05, batch_size=16,
+            max_epochs=N_EPOCHS, iterator_train__shuffle=True, verbose=0,
+            callbacks=[
+                LoadInitState(cp, resume=resume),
+                LRScheduler(torch.optim.lr_scheduler.StepLR, step_size=3, gamma=0.5),
+                cp,
+                HangAt(hang_epoch),
+            ],
+        )
     return AmpNetClassifier(
         Tiny,
         amp_enabled=True,
@@ -113,13 +137,13 @@ def make_net(dirname, stop_after=N_EPOCHS, hang_epoch=None, **checkpoint_kwargs)
     )
 
 
-def run(dirname, out=None, stop_after=N_EPOCHS, hang_epoch=None, **checkpoint_kwargs):
+def run(dirname, out=None, stop_after=N_EPOCHS, hang_epoch=None, resume=None, **checkpoint_kwargs):
     """Seed, build, fit (resuming from ``dirname`` if it holds a
     checkpoint) and save the final state to ``out``."""
     torch.manual_seed(0)
     np.random.seed(0)
     random.seed(0)
-    net = make_net(dirname, stop_after, hang_epoch, **checkpoint_kwargs)
+    net = make_net(dirname, stop_after, hang_epoch, resume, **checkpoint_kwargs)
     net.fit(*make_data())
     if out is not None:
         os.makedirs(out, exist_ok=True)
@@ -138,8 +162,13 @@ def main(argv):
     parser.add_argument("out")
     parser.add_argument("--stop-after", type=int, default=N_EPOCHS)
     parser.add_argument("--hang-epoch", type=int, default=None)
+    parser.add_argument("--resume", choices=["more", "total"], default=None)
     args = parser.parse_args(argv)
-    run(args.dirname, args.out, args.stop_after, args.hang_epoch)
+    hang = args.hang_epoch
+    if hang is None and os.environ.get("RESUME_SCRIPT_HANG_EPOCH"):
+        hang = int(os.environ["RESUME_SCRIPT_HANG_EPOCH"])
+    net = run(args.dirname, args.out, args.stop_after, hang, args.resume)
+    print(f"EPOCHS {len(net.history)}", flush=True)
 
 
 if __name__ == "__main__":

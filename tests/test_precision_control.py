@@ -134,7 +134,12 @@ def test_parameter_validation(kwargs, exc, match):
 
 def test_controls_are_inert_without_amp(classifier_data):
     X, y = classifier_data
-    net = make_net(amp_enabled=False, amp_level="pure", amp_fp32_modules=["head"]).fit(X, y)
+    net = make_net(amp_enabled=False, amp_level="pure", amp_fp32_modules=["head"])
+    with pytest.warns(AmpWarning, match=re.escape(
+        "amp_enabled=False, so amp_dtype='bfloat16', amp_level='pure', amp_fp32_modules=['head'] "
+        "have no effect: the net trains in float32. Set amp_enabled=True to use them"
+    )):
+        net.fit(X, y)
     assert {p.dtype for p in net.module_.parameters()} == {FP32}
     assert regions_of(net.module_) == {}
     assert net.amp_master_params_ is None
@@ -173,7 +178,8 @@ def test_amp_modules_only_selected_run_low_precision(level, classifier_data):
 def test_fp32_modules_win_over_amp_modules(classifier_data):
     X, y = classifier_data
     net = make_net(amp_level="pure", amp_modules=["block", "block.0"], amp_fp32_modules=["block.0"])
-    net.initialize()
+    with pytest.warns(AmpWarning, match="amp_level='pure' stores no parameter in low precision"):
+        net.initialize()
     assert net.amp_layout_.amp_modules == ("block",)
     probe = Probe(net.module_, ["block.0"])
     net.predict(X[:8])
@@ -275,7 +281,8 @@ def test_channels_last_strides_and_values(amp):
     X, y = image_data()
     nets = {}
     for fmt in ("preserve", "channels_last"):
-        net = make_net(module=SmallCNN, memory_format=fmt, amp_enabled=amp).initialize()
+        net = make_net(module=SmallCNN, memory_format=fmt, amp_enabled=amp,
+                       amp_dtype="bfloat16" if amp else "auto").initialize()
         probe = Probe(net.module_, ["conv1", "conv2"])
         net.partial_fit(X, y)
         net.predict_proba(X)

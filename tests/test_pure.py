@@ -308,7 +308,7 @@ def test_convert_for_inference_respects_lists_and_defaults_to_the_net_dtype(clas
 
 def test_fit_on_converted_net_trains_pure(classifier_data):
     X, y = classifier_data
-    net = make_net(amp_enabled=False, amp_level="mixed").fit(X, y)
+    net = make_net(amp_enabled=False, amp_level="mixed", amp_dtype="auto").fit(X, y)
     converted = net.convert_for_inference("bfloat16")
     weights = {n: p.detach().clone() for n, p in net.module_.named_parameters()}
     for name, master in converted.amp_master_params_.items():
@@ -323,7 +323,7 @@ def test_fit_on_converted_net_trains_pure(classifier_data):
 
 def test_convert_fp16_tiny(classifier_data):
     X, y = classifier_data
-    net = make_net(amp_enabled=False, amp_level="mixed").fit(X, y)
+    net = make_net(amp_enabled=False, amp_level="mixed", amp_dtype="auto").fit(X, y)
     converted = net.convert_for_inference("float16")
     assert {p.dtype for p in converted.module_.parameters()} == {FP16}
     with warnings.catch_warnings():
@@ -334,7 +334,7 @@ def test_convert_fp16_tiny(classifier_data):
 
 def test_convert_a_trimmed_net_keeps_no_masters(classifier_data):
     X, y = classifier_data
-    net = make_net(amp_enabled=False, amp_level="mixed").fit(X, y)
+    net = make_net(amp_enabled=False, amp_level="mixed", amp_dtype="auto").fit(X, y)
     net.trim_for_prediction()
     converted = net.convert_for_inference("bfloat16")
     assert converted.amp_master_params_ is None and converted.optimizer_ is None

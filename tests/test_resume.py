@@ -22,7 +22,7 @@ import resume_script as rs
 from resume_script import differences
 from ampnet import AmpNetClassifier
 from ampnet.io.atomic import JOURNAL_NAME, TEMP_SUFFIX
-from ampnet.callbacks.checkpoint import Checkpoint
+from ampnet.callbacks.checkpoint import Checkpoint, LoadInitState
 from ampnet.exceptions import AmpWarning
 from ampnet.io.rng import get_rng_state, set_rng_state
 
@@ -86,17 +86,18 @@ def test_bitexact_resume_after_clean_stop(tmp_path, reference):
     assert differences(final_state(str(tmp_path / "out")), reference) == []
 
 
-def test_bitexact_resume_after_sigkill_mid_epoch(tmp_path, reference):
-    cp, out = str(tmp_path / "cp"), str(tmp_path / "out")
+def kill_when_hanging(args, env=None):
+    """Run the script; SIGKILL it when it says it hangs (in epoch STOP + 1,
+    after batch 2)."""
     proc = subprocess.Popen(
-        [sys.executable, SCRIPT, cp, out, "--hang-epoch", str(STOP + 1)],
+        [sys.executable, SCRIPT, *args], env=env,
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
     )
     guard = threading.Timer(120, proc.kill)  # never hang the test suite
     guard.start()
     try:
         for line in proc.stdout:
-            if line.strip() == rs.KILL_MARKER:  # in epoch STOP + 1, after batch 2
+            if line.strip() == rs.KILL_MARKER:
                 os.kill(proc.pid, signal.SIGKILL)
                 break
         proc.wait()
@@ -104,10 +105,71 @@ def test_bitexact_resume_after_sigkill_mid_epoch(tmp_path, reference):
         guard.cancel()
         proc.stdout.close()
     assert proc.returncode == -signal.SIGKILL
+
+
+def test_bitexact_resume_after_sigkill_mid_epoch(tmp_path, reference):
+    cp, out = str(tmp_path / "cp"), str(tmp_path / "out")
+    kill_when_hanging([cp, out, "--hang-epoch", str(STOP + 1)])
     assert not os.path.exists(out)
     assert saved_epochs(cp) == STOP  # the last checkpoint is from before the kill
     run_script(cp, out)
     assert differences(final_state(out), reference) == []
+
+
+def test_rerunning_the_same_command_finishes_the_run(tmp_path, reference):
+    """LoadInitState(cp, resume="total"): the README's promise, "run the same
+    script again after a crash: it finishes the run"."""
+    cp, out = str(tmp_path / "cp"), str(tmp_path / "out")
+    command = [cp, out, "--resume", "total"]
+    kill_when_hanging(command, env={**os.environ, "RESUME_SCRIPT_HANG_EPOCH": str(STOP + 1)})
+    assert not os.path.exists(out) and saved_epochs(cp) == STOP
+    rerun = run_script(*command)  # the same command, after the crash
+    assert "EPOCHS 6" in rerun.stdout
+    assert saved_epochs(cp) == rs.N_EPOCHS
+    assert differences(final_state(out), reference) == []  # as if never interrupted
+    # once more: the run is complete, nothing is trained and nothing changes
+    again = run_script(*command)
+    assert "EPOCHS 6" in again.stdout and saved_epochs(cp) == rs.N_EPOCHS
+    assert differences(final_state(out), reference) == []
+
+
+def _fit_bf16(dirname, resume, max_epochs, verbose=0):
+    cp = Checkpoint(monitor=None, dirname=str(dirname))
+    net = AmpNetClassifier(
+        rs.Tiny, amp_enabled=True, amp_dtype="bfloat16", max_epochs=max_epochs, batch_size=32,
+        verbose=verbose, train_split=None, callbacks=[LoadInitState(cp, resume=resume), cp],
+    )
+    return net.fit(*rs.make_data())
+
+
+def test_resume_more_is_skorchs_behaviour(tmp_path):
+    assert len(_fit_bf16(tmp_path, "more", 2).history) == 2
+    assert len(_fit_bf16(tmp_path, "more", 2).history) == 4  # a rerun trains max_epochs more
+    assert LoadInitState(Checkpoint()).resume == "more"  # the default, as in skorch
+
+
+def test_resume_total_trains_until_max_epochs(tmp_path, capsys):
+    first = _fit_bf16(tmp_path, "total", 2)
+    assert len(first.history) == 2
+    done = _fit_bf16(tmp_path, "total", 2, verbose=1)  # complete: trains nothing
+    assert len(done.history) == 2 and done.history[-1, "epoch"] == 2
+    for a, b in zip(first.module_.parameters(), done.module_.parameters()):
+        assert torch.equal(a, b)
+    assert "Resumed from a checkpoint with 2 epoch(s); training 0 more to reach max_epochs=2." in (
+        capsys.readouterr().out
+    )
+    longer = _fit_bf16(tmp_path, "total", 3)  # a larger max_epochs extends the run
+    assert [row["epoch"] for row in longer.history] == [1, 2, 3]
+    load = dict(longer.callbacks_)["LoadInitState"]
+    assert load.epochs_left_ is None  # only the fit that loaded is shortened
+    longer.partial_fit(*rs.make_data())
+    assert len(longer.history) == 6  # later partial_fit calls train max_epochs, as in skorch
+
+
+def test_resume_value_is_checked():
+    net = AmpNetClassifier(rs.Tiny, callbacks=[LoadInitState(Checkpoint(), resume="all")])
+    with pytest.raises(ValueError, match=r"resume must be one of 'more', 'total'; got 'all' \(str\)"):
+        net.initialize()
 
 
 @pytest.mark.parametrize("left_out", ["f_grad_scaler", "f_rng_state", "f_lr_schedulers"])

@@ -81,7 +81,14 @@ def test_cuda_scaler_without_cuda_is_an_error():
     if torch.cuda.is_available():
         pytest.skip("CPU-only check")
     with pytest.raises(ValueError, match="CUDA is not available; torch would silently disable it"):
-        GradScaler()
+        GradScaler(device="cuda")
+
+
+def test_scaler_device_defaults_to_what_the_machine_has():
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    scaler = GradScaler(init_scale=256.0)
+    assert scaler._device == expected and scaler.is_enabled()
+    assert repr(scaler) == f"GradScaler(device='{expected}', init_scale=256.0)"
 
 
 # ---- the scale policy ----------------------------------------------------------

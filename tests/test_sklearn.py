@@ -78,7 +78,7 @@ def test_cross_val_score(classifier_data):
 
     X, y = classifier_data
     torch.manual_seed(0)
-    ours = cross_val_score(make_net(max_epochs=3, amp_enabled=False), X, y, cv=2)
+    ours = cross_val_score(make_net(max_epochs=3, amp_enabled=False, amp_dtype="auto"), X, y, cv=2)
     torch.manual_seed(0)
     theirs = cross_val_score(
         NeuralNetClassifier(MLP, max_epochs=3, lr=0.1, verbose=0, train_split=None), X, y, cv=2

@@ -725,6 +725,8 @@ def test_numpy_booleans_are_accepted_for_every_bool_parameter(name, value):
         return
     if name == "grad_scaler__enabled" and not value:
         ctx = pytest.warns(AmpWarning, match="float16 training without loss scaling")
+    elif name == "amp_enabled" and not value:  # the net's float16 settings now do nothing
+        ctx = pytest.warns(AmpWarning, match="amp_enabled=False, so .* no effect")
     else:
         ctx = warnings.catch_warnings()
     with ctx:
@@ -1080,11 +1082,9 @@ def test_precision_report_of_an_empty_x(fitted, data):
 
 @pytest.mark.parametrize("device", ["mps", "xla", "xpu", "xla:1"])
 def test_unavailable_backends_get_ampnets_value_error(device):
-    backend = device.split(":")[0]
     with pytest.raises(
         ValueError,
-        match=rf"amp_enabled=True with device='{device}' \(str\), but the "
-        rf"'{backend}' backend is not available on this machine .*Fix: set device='cpu'",
+        match=rf"device='{device}', but .* is not available on this machine .*Fix: device='cpu'",
     ):
         tiny_net(device=device, amp_dtype="auto").initialize()
 

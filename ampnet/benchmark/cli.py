@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from types import MappingProxyType
 from typing import Any, Sequence
 
 from ampnet.benchmark.config import BATCHING, MEMORY_METHODS, OPTIMIZERS, BenchConfig
 from ampnet.benchmark.contenders import CONTENDER_KEYS
+from ampnet.benchmark.machine import load_warning, usable_cores
 from ampnet.benchmark.report import to_markdown, write_all
 from ampnet.benchmark.runner import run_benchmark
 from ampnet.benchmark.workloads import WORKLOAD_NAMES
@@ -87,7 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--channels-last", action="store_true",
                    help="CNN in the channels_last memory format (all contenders)")
     p.add_argument("--quick", action="store_true",
-                   help="tiny sizes and few rounds (a smoke test; targets do not apply)")
+                   help="tiny sizes and few rounds: a smoke test whose timings are not comparable "
+                        "with full runs")
     p.add_argument("--out", default="benchmark-results", metavar="DIR",
                    help="write results.md, results.json, results.png here "
                         "(default: ./benchmark-results; '' writes no files)")
@@ -158,6 +161,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if not torch.cuda.is_available():
             parser.error(f"--device {cfg.device}: CUDA is not available on this machine")
+    try:
+        warning = load_warning(os.getloadavg(), usable_cores())
+    except OSError:  # no load average on this system
+        warning = None
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     results = run_benchmark(cfg)
     sys.stdout.write(to_markdown(results))
     if args.out:

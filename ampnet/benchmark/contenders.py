@@ -351,10 +351,11 @@ def _make_net(
     )
     if contender.framework == "skorch":
         return NeuralNetClassifier(**params)
+    # AMP settings only where AMP is on (with AMP off they would have no effect)
+    amp = dict(amp_dtype=cfg.dtype, amp_level=contender.level,
+               amp_master_weights=contender.master_weights) if contender.amp else {}
     return AmpNetClassifier(
-        amp_enabled=contender.amp, amp_dtype=cfg.dtype, amp_level=contender.level,
-        amp_master_weights=contender.master_weights,
-        amp_skip_nonfinite=contender.skip_nonfinite, **params
+        amp_enabled=contender.amp, amp_skip_nonfinite=contender.skip_nonfinite, **amp, **params
     )
 
 

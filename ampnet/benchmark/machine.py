@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["describe_machine", "MALLOC_ENV", "RECOMMENDED_MALLOC_ENV"]
+__all__ = ["describe_machine", "load_warning", "usable_cores", "MALLOC_ENV", "RECOMMENDED_MALLOC_ENV"]
 
 #: Environment variables that change glibc malloc's behaviour (and timings).
 MALLOC_ENV = ("MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_ARENA_MAX", "LD_PRELOAD")
@@ -56,6 +56,29 @@ def _git_commit() -> str | None:
     return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
+def usable_cores() -> int:
+    """CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def load_warning(load_average: Any, cores: int) -> str | None:
+    """A warning when the 1-minute load average is at or above ``cores``
+    (other processes compete for the CPU), else None."""
+    if not load_average or not cores:
+        return None
+    load = float(load_average[0])
+    if load < cores:
+        return None
+    return (
+        f"Warning: the load average is {load:.2f} on {cores} usable core(s): other processes "
+        "are competing for the CPU, so these timings are slower and noisier than on an idle "
+        "machine. Rerun on an idle machine before comparing them."
+    )
+
+
 def describe_machine() -> dict[str, Any]:
     """CPU, cores, library versions, threads, bf16 support, GPU and the
     malloc environment.
@@ -70,10 +93,7 @@ def describe_machine() -> dict[str, Any]:
     import ampnet
 
     model, flags = _cpuinfo()
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:
-        usable = os.cpu_count()
+    usable = usable_cores()
     try:
         load = [round(x, 2) for x in os.getloadavg()]
     except OSError:

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from ampnet.benchmark.config import OPTIMIZERS
-from ampnet.benchmark.machine import RECOMMENDED_MALLOC_ENV
+from ampnet.benchmark.machine import RECOMMENDED_MALLOC_ENV, load_warning
 
-__all__ = ["to_markdown", "write_json", "write_chart", "write_all"]
+__all__ = ["to_markdown", "write_json", "build_chart", "write_chart", "write_all"]
 
 
 def _seconds(value: float | None) -> str:
@@ -81,7 +81,10 @@ def _settings_md(cfg: dict[str, Any]) -> str:
         f"batching: {batching}; memory: {cfg['memory_method']}."
     )
     if cfg["quick"]:
-        text += " **Quick mode: tiny sizes; the issue's targets do not apply.**"
+        text += (
+            " **Quick mode: tiny sizes and few rounds, a smoke test: its timings are not "
+            "comparable with full runs.**"
+        )
     return text
 
 
@@ -115,18 +118,19 @@ def _workload_md(w: dict[str, Any]) -> list[str]:
             f"{_memory_cell(c['memory'])} | {_num(c['final_loss'], '.4f')} | {_num(c['accuracy'], '.3f')} |"
         )
     comps = [c for c in w["comparisons"] if c["median"] is not None]
+    targets = any(c["target"] for c in comps)
     if comps:
         lines += [
             "",
-            "| Comparison (per-round ratios) | Median | Range | Target | Met |",
-            "|---|---:|---:|---:|:---:|",
+            "| Comparison (per-round ratios) | Median | Range |" + (" Target | Met |" if targets else ""),
+            "|---|---:|---:|" + ("---:|:---:|" if targets else ""),
         ]
         for c in comps:
-            met = "" if c["met"] is None else ("yes" if c["met"] else "**no**")
-            lines.append(
-                f"| {c['label']} | {c['median']:.3f} | {c['min']:.3f}-{c['max']:.3f} | "
-                f"{c['target'] or ''} | {met} |"
-            )
+            row = f"| {c['label']} | {c['median']:.3f} | {c['min']:.3f}-{c['max']:.3f} |"
+            if targets:
+                met = "" if c["met"] is None else ("yes" if c["met"] else "**no**")
+                row += f" {c['target'] or ''} | {met} |"
+            lines.append(row)
     notes = list(w["notes"]) + unavailable
     for c in w["contenders"]:
         notes += [f"{c['key']}: {n}" for n in c["notes"]]
@@ -150,7 +154,11 @@ def to_markdown(results: dict[str, Any]) -> str:
     str
     """
     lines = ["# ampnet benchmark", ""]
-    lines += _machine_md(results["machine"])
+    machine = results["machine"]
+    warning = load_warning(machine.get("load_average_at_start"), machine.get("usable_cores"))
+    if warning:
+        lines += [f"**{warning}**", ""]
+    lines += _machine_md(machine)
     lines += ["", _settings_md(results["config"]), ""]
     m = results["machine"]["malloc_env"]
     if not (m.get("MALLOC_MMAP_MAX_") and m.get("MALLOC_TRIM_THRESHOLD_")):
@@ -189,39 +197,44 @@ def write_json(results: dict[str, Any], path: str | Path) -> Path:
     return path
 
 
-def write_chart(results: dict[str, Any], path: str | Path) -> Path:
-    """One panel per workload: each contender's time relative to the
-    workload's reference (median of per-round ratios, whiskers from the
-    smallest to the largest round), annotated with ms/batch."""
+def _ms_per_batch(seconds: float, n_batches: int) -> float:
+    return 1000.0 * seconds / n_batches
+
+
+def build_chart(results: dict[str, Any]):
+    """The chart as a matplotlib ``Figure``: one panel per workload, one
+    horizontal bar per contender whose length is its median time per batch
+    (ms), with whiskers from its fastest to its slowest round; the label at
+    the end of each bar is that same number."""
     # a Figure with its own Agg canvas: no pyplot, no global backend switch
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     workloads = results["workloads"]
-    fig = Figure(figsize=(8, 0.5 + 2.2 * len(workloads)))
+    fig = Figure(figsize=(8, 0.8 + 2.4 * len(workloads)))
     FigureCanvasAgg(fig)
     axes = fig.subplots(len(workloads), 1, squeeze=False)
     colors = {"raw": "#7f7f7f", "skorch": "#1f77b4", "ampnet": "#d62728"}
     for ax, w in zip(axes[:, 0], workloads):
         contenders = w["contenders"][::-1]
         labels = [c["key"] for c in contenders]
-        right = 1.0
+        right = 0.0
         for i, c in enumerate(contenders):
-            ratio = c["ratio_to_reference"]["median"]
-            if not c["available"] or ratio is None:
+            if not c["available"] or c["median_s"] is None:
                 ax.text(0.02, i, "not available", va="center", transform=ax.get_yaxis_transform())
                 continue
-            rounds = [x for x in c["ratio_to_reference"]["per_round"] if x is not None]
-            err = [[ratio - min(rounds)], [max(rounds) - ratio]]
-            ax.barh(i, ratio, color=colors[c["framework"]], alpha=0.9 if c["amp"] else 0.5,
+            ms = _ms_per_batch(c["median_s"], w["n_batches"])
+            rounds = [_ms_per_batch(t, w["n_batches"]) for t in c["round_times_s"] if t]
+            err = [[ms - min(rounds)], [max(rounds) - ms]]
+            ax.barh(i, ms, color=colors[c["framework"]], alpha=0.9 if c["amp"] else 0.5,
                     xerr=err, capsize=3)
-            ax.text(max(rounds), i, f"  {c['ms_per_batch']:.2f} ms/batch", va="center", fontsize=8)
+            ax.text(max(rounds), i, f"  {ms:.2f} ms", va="center", fontsize=8)
             right = max(right, max(rounds))
-        ax.axvline(1.0, color="black", linewidth=0.8)
         ax.set_yticks(range(len(labels)), labels)
         ax.set_title(f"{w['name']}: {w['title']}", fontsize=10)
-        ax.set_xlabel(f"time per {w['unit']} relative to {w['reference']} (lower is faster)")
-        ax.set_xlim(0, 1.4 * right)
+        ax.set_xlabel(f"ms per batch ({w['batch_size']} rows), median over rounds; "
+                      "whiskers: fastest to slowest round (lower is faster)", fontsize=8)
+        ax.set_xlim(0, 1.3 * right if right > 0 else 1.0)
     cfg = results["config"]
     fig.suptitle(
         f"ampnet benchmark: {results['machine']['cpu_model']}, {cfg['device']}, {cfg['dtype']}"
@@ -229,8 +242,13 @@ def write_chart(results: dict[str, Any], path: str | Path) -> Path:
         fontsize=11,
     )
     fig.tight_layout(rect=(0, 0, 1, 0.98))
+    return fig
+
+
+def write_chart(results: dict[str, Any], path: str | Path) -> Path:
+    """Write :func:`build_chart`'s figure as a PNG; returns the path."""
     path = Path(path)
-    fig.savefig(path, dpi=110)
+    build_chart(results).savefig(path, dpi=110)
     return path
 
 

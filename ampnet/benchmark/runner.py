@@ -178,8 +178,11 @@ def _contender_summary(
     }
 
 
-def _comparisons(records: dict[str, _Record], wl: Workload, n_rounds: int) -> list[dict[str, Any]]:
-    targets = {t.comparison: t for t in wl.targets}
+def _comparisons(
+    records: dict[str, _Record], wl: Workload, n_rounds: int, quick: bool = False
+) -> list[dict[str, Any]]:
+    # quick mode runs tiny sizes: a speed target says nothing about them
+    targets = {} if quick else {t.comparison: t for t in wl.targets}
     out = []
     for comp in COMPARISONS:
         a, b = records.get(comp.a), records.get(comp.b)
@@ -317,7 +320,7 @@ def run_workload(
         "n_batches": wl.n_batches,
         "reference": ref_key,
         "contenders": summaries,
-        "comparisons": _comparisons(records, wl, cfg.rounds),
+        "comparisons": _comparisons(records, wl, cfg.rounds, quick=cfg.quick),
         "notes": notes,
         "elapsed_s": time.perf_counter() - started,
     }
@@ -342,7 +345,8 @@ def run_benchmark(cfg: BenchConfig, log: Logger = _stderr) -> dict[str, Any]:
       ``median_s``, ``samples_per_s``, ``ms_per_batch``,
       ``ratio_to_reference``, ``memory``, ``final_loss``, ``accuracy``,
       ``available``/``error``) and ``comparisons`` (per-round ratios,
-      their median and the issue's target where one applies).
+      their median and, outside quick mode, the speed target where one
+      applies).
     """
     torch.set_num_threads(cfg.threads)
     started = time.perf_counter()

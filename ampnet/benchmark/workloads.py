@@ -216,7 +216,7 @@ def _token_data(
 
 @dataclass(frozen=True)
 class Target:
-    """A speed target from issue #6, checked against a comparison.
+    """A speed target (see the README's Benchmark section), checked against a comparison.
 
     Attributes
     ----------
@@ -283,7 +283,7 @@ class Workload:
       Whether the module's weights are converted to channels_last.
 
     targets : tuple of Target
-      The issue's speed targets that apply to this workload.
+      The speed targets that apply to this workload (not checked in quick mode).
     """
 
     name: str
@@ -334,7 +334,7 @@ def get_workload(
       One of :data:`WORKLOAD_NAMES`.
 
     quick : bool
-      Tiny sizes (CI and smoke tests); the issue's targets do not apply.
+      Tiny sizes (CI and smoke tests); no speed target is checked.
 
     batch_size, n_samples : int or None
       Override the workload's defaults.

@@ -4,9 +4,9 @@ and the RNG states, write crash-safe, and resume exactly.
 
 >>> from ampnet.callbacks.checkpoint import Checkpoint, LoadInitState
 >>> cp = Checkpoint(monitor=None, dirname="run1")
->>> net = AmpNetClassifier(MyModule, amp_enabled=True, amp_dtype="float16",
-...                        callbacks=[LoadInitState(cp), LRScheduler(...), cp])
->>> net.fit(X, y)  # run it again after a crash: it continues where it stopped
+>>> net = AmpNetClassifier(MyModule, amp_enabled=True, amp_dtype="float16", max_epochs=20,
+...                        callbacks=[LoadInitState(cp, resume="total"), LRScheduler(...), cp])
+>>> net.fit(X, y)  # run it again after a crash: it finishes the 20 epochs
 
 Put the Checkpoint after every callback that records into the history or
 steps a learning-rate scheduler at the end of an epoch (last is simplest),
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import copy
 import os
-import warnings
 from numbers import Real
 from typing import Any, Callable
 
@@ -27,8 +26,8 @@ from skorch.callbacks import LoadInitState as SkorchLoadInitState
 from skorch.callbacks import TrainEndCheckpoint as SkorchTrainEndCheckpoint
 from skorch.utils import noop
 
+from ampnet.exceptions import amp_warn
 from ampnet.io.atomic import is_path
-from ampnet.exceptions import AmpWarning
 from ampnet.io.persistence import PersistenceMixin, checkpoint_files, resolve_checkpoint
 from ampnet.io.schedulers import (
     check_lr_scheduler_states,
@@ -36,7 +35,10 @@ from ampnet.io.schedulers import (
     restore_lr_schedulers,
 )
 
-__all__ = ["Checkpoint", "TrainEndCheckpoint", "LoadInitState"]
+__all__ = ["Checkpoint", "TrainEndCheckpoint", "LoadInitState", "RESUME_MODES", "epochs_to_run"]
+
+#: Accepted values of ``LoadInitState(resume=...)``.
+RESUME_MODES = ("more", "total")
 
 _AMPNET_FILES_DOC = """
     f_grad_scaler : file-like object, str, None (default='grad_scaler.pt')
@@ -118,13 +120,11 @@ class Checkpoint(SkorchCheckpoint):
         _check_net(net, type(self).__name__)
         later = _epoch_schedulers_after(net, self)
         if later and (self.f_optimizer is not None or self.f_lr_schedulers is not None):
-            warnings.warn(
+            amp_warn(
                 f"LRScheduler {later} comes after this Checkpoint in callbacks, so each "
                 "checkpoint holds the learning rate from before the epoch's scheduler step "
                 "and a resumed run would be one step behind. Fix: put the Checkpoint after "
                 "the LRScheduler (last in callbacks).",
-                AmpWarning,
-                stacklevel=2,
             )
 
     def save_model(self, net: Any) -> None:
@@ -217,14 +217,42 @@ class LoadInitState(SkorchLoadInitState):
 
     use_safetensors : bool (default=False)
       Whether the checkpoint was saved with safetensors.
+
+    resume : str (default='more')
+      How many epochs the ``fit`` that loads a checkpoint trains.
+      ``'more'`` (skorch's behaviour): ``max_epochs`` more, so a rerun of
+      a script whose checkpoint holds 3 epochs ends with 3 + ``max_epochs``.
+      ``'total'``: until the history holds ``max_epochs`` epochs, so rerunning
+      the same script after a crash finishes the run; when the checkpoint
+      already holds ``max_epochs`` epochs or more, the fit trains none and
+      returns. Without a checkpoint (a first run) both train ``max_epochs``.
+
+    Attributes
+    ----------
+    epochs_left_ : int or None
+      With ``resume='total'``, during the ``fit`` that loaded a checkpoint:
+      the epochs it trains; otherwise None.
     """
 
+    def __init__(self, checkpoint: Any, use_safetensors: bool = False, resume: str = "more") -> None:
+        super().__init__(checkpoint, use_safetensors=use_safetensors)
+        self.resume = resume
+
     def initialize(self) -> "LoadInitState":
+        if self.resume not in RESUME_MODES:
+            raise ValueError(
+                f"LoadInitState resume must be one of {', '.join(map(repr, RESUME_MODES))}; got "
+                f"{self.resume!r} ({type(self.resume).__name__}). Fix: resume='total' to train "
+                "until max_epochs epochs in all (a rerun finishes the run), or resume='more' "
+                "(skorch's behaviour) to train max_epochs more epochs after loading."
+            )
         super().initialize()
         self.pending_ = None
+        self.epochs_left_ = None
         return self
 
     def on_train_begin(self, net: Any, X: Any = None, y: Any = None, **kwargs: Any) -> None:
+        self.epochs_left_ = None
         if self.did_load_:
             return
         self.did_load_ = True
@@ -255,6 +283,14 @@ class LoadInitState(SkorchLoadInitState):
                 for group in getattr(net, name + "_").param_groups:
                     group.setdefault("initial_lr", group["lr"])
         _restore_best_scores(net)
+        if self.resume == "total":
+            done = len(net.history)
+            self.epochs_left_ = max(0, net.max_epochs - done)
+            if net.verbose:
+                print(
+                    f"Resumed from a checkpoint with {done} epoch(s); training "
+                    f"{self.epochs_left_} more to reach max_epochs={net.max_epochs}."
+                )
         groups = {
             name: [
                 {k: v for k, v in group.items() if k != "params"}
@@ -265,6 +301,15 @@ class LoadInitState(SkorchLoadInitState):
         self.pending_ = (groups, schedulers)
 
     def on_epoch_begin(self, net: Any, **kwargs: Any) -> None:
+        self._restore_pending(net)
+
+    def on_train_end(self, net: Any, **kwargs: Any) -> None:
+        # a fit that trained no epoch (resume='total' on a finished run)
+        # leaves the loaded state as it was saved
+        self._restore_pending(net)
+        self.epochs_left_ = None
+
+    def _restore_pending(self, net: Any) -> None:
         if self.pending_ is None:
             return
         groups, schedulers = self.pending_
@@ -277,11 +322,20 @@ class LoadInitState(SkorchLoadInitState):
         if schedulers is not None:
             notes = restore_lr_schedulers(net, *schedulers)
             if notes:
-                warnings.warn(
+                amp_warn(
                     "Learning-rate schedulers not restored: " + "; ".join(notes) + ".",
-                    AmpWarning,
-                    stacklevel=2,
                 )
+
+
+def epochs_to_run(net: Any) -> int:
+    """The epochs a ``fit_loop`` without an explicit ``epochs`` trains:
+    what a :class:`LoadInitState` with ``resume='total'`` left, else
+    ``net.max_epochs``."""
+    left = [
+        cb.epochs_left_ for _, cb in getattr(net, "callbacks_", [])
+        if isinstance(cb, LoadInitState) and getattr(cb, "epochs_left_", None) is not None
+    ]
+    return min(left) if left else net.max_epochs
 
 
 def _epoch_schedulers_after(net: Any, checkpoint: Any) -> list[str]:

@@ -33,7 +33,6 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
-import warnings
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Callable
@@ -44,7 +43,7 @@ from skorch.history import History
 from skorch.utils import _check_f_arguments, get_map_location
 
 from ampnet.io.atomic import atomic_write_group, is_path, recover, same_file_key
-from ampnet.exceptions import AmpWarning
+from ampnet.exceptions import amp_warn
 from ampnet.io.files import (
     describe_target,
     attr_of,
@@ -390,7 +389,7 @@ class PersistenceMixin:
         apply_all(steps)
         for step in steps:
             if step.message:
-                warnings.warn(step.message, AmpWarning, stacklevel=2)
+                amp_warn(step.message)
 
     def _drop_missing_checkpoint_files(
         self, files: dict[str, Any], optional: set[str], absent: list[str]
@@ -415,11 +414,9 @@ class PersistenceMixin:
             if self._needs_file(k)
         ]
         if notes:
-            warnings.warn(
+            amp_warn(
                 "Loading a checkpoint without ampnet's resume files (an older checkpoint?): "
                 + "; ".join(notes) + ". Everything else was loaded.",
-                AmpWarning,
-                stacklevel=3,
             )
         return {k: v for k, v in files.items() if k not in missing}
 

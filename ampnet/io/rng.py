@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 import random
 import re
-import warnings
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Callable
@@ -20,7 +19,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from ampnet.exceptions import AmpWarning
+from ampnet.exceptions import amp_warn
 
 __all__ = [
     "get_rng_state", "set_rng_state", "validate_rng_state", "prepare_rng_state",
@@ -108,14 +107,11 @@ class PreparedRngState:
             if index < available:
                 torch.cuda.set_rng_state(cuda_state, index)
         if available < len(self.cuda_states):
-            warnings.warn(
+            amp_warn(
                 f"{self.source} holds CUDA RNG states for {len(self.cuda_states)} device(s), "
                 f"but only {available} CUDA device(s) are available here; the other states "
                 "were not restored, so CUDA random numbers (e.g. dropout on the GPU) will "
-                "differ from the interrupted run.",
-                AmpWarning,
-                stacklevel=3,
-            )
+                "differ from the interrupted run.")
 
 
 def capture_rng_state() -> Callable[[], None]:

@@ -20,9 +20,11 @@ import contextlib
 from typing import Any, Iterator, NamedTuple, Sequence
 
 import torch
+from skorch.utils import to_tensor
 
 from ampnet._tree import cast_floating, map_tensors
 from ampnet.precision.checks import nonfinite_grads
+from ampnet.precision.inputs import match_module_dtype
 from ampnet.precision.masters import (
     find_state_hook,
     install_state_hooks,
@@ -35,7 +37,7 @@ from ampnet.precision.masters import (
 from ampnet.precision.plan import PrecisionLayout, plan_layout
 from ampnet.precision.policy import PrecisionPolicy, parse_amp_dtype, resolve_precision
 from ampnet.precision.regions import AutocastRegion, install_region, regions_of, remove_regions
-from ampnet.precision.scaler import GradScaler
+from ampnet.precision.scaler import GradScaler, copy_to_device, move_scaler
 from ampnet.precision.settings import PrecisionSettings
 
 __all__ = ["Precision", "StepDecision", "module_root"]
@@ -214,8 +216,7 @@ class Precision:
                 **self.settings.__dict__,
                 "policy": resolve_precision(True, self.policy.compute_dtype, device_type, self.policy.level),
             })
-        if self.scaler._device != device_type:
-            move_scaler(self.scaler, device_type)
+        move_scaler(self.scaler, device_type)
         if isinstance(module, torch.nn.Module):
             for region in regions_of(module_root(module)).values():
                 region.device_type = device_type
@@ -268,8 +269,15 @@ class Precision:
             return torch.autocast(self.policy.device_type, enabled=False)
         return torch.autocast(self.policy.device_type, dtype=self.policy.compute_dtype)
 
-    def convert_input(self, x: Any) -> Any:
-        """float64 features to float32 under AMP; 4-D inputs to channels_last."""
+    def convert_input(self, x: Any, module: Any, device: Any) -> Any:
+        """float64 features to float32 (under AMP, and for a float32 module
+        with AMP off); 4-D inputs to channels_last. Other inputs with AMP
+        off are returned as they are, so that float32 training stays skorch's."""
+        if not self.enabled:
+            x = match_module_dtype(x, module, device)
+            if self.layout is None or self.layout.memory_format != "channels_last":
+                return x
+        x = to_tensor(x, device=device)
         if self.enabled:
             x = cast_floating(x, torch.float32, only=(torch.float64,))
         if self.layout is not None and self.layout.memory_format == "channels_last":
@@ -393,31 +401,26 @@ def _fused_flags(optimizer: torch.optim.Optimizer, found: torch.Tensor) -> Itera
 
 def build_scaler(settings: PrecisionSettings) -> GradScaler:
     """The loss scaler that ``settings`` ask for, on the policy's device type."""
-    import copy
-    import warnings
 
-    from ampnet.exceptions import AmpWarning
+    from ampnet.exceptions import amp_warn
 
     policy, scaler, kwargs = settings.policy, settings.scaler, dict(settings.scaler_kwargs)
     enabled = settings.uses_scaler
     if isinstance(scaler, torch.amp.GradScaler):
-        if kwargs or settings.scaler_enabled is not None or scaler._device != policy.device_type:
+        if kwargs or settings.scaler_enabled is not None:
             scaler = type(scaler)(**{
                 **scaler_settings(scaler), **kwargs, "device": policy.device_type, "enabled": enabled,
             })
         else:
             # the instance is a hyper-parameter: fit must not change it, and
             # clones must not share a training state
-            scaler = copy.deepcopy(scaler)
+            scaler = copy_to_device(scaler, policy.device_type)
     else:
         scaler = scaler(device=policy.device_type, enabled=enabled, **kwargs)
     if policy.uses_scaler and not scaler.is_enabled():
-        warnings.warn(
+        amp_warn(
             "float16 training without loss scaling (grad_scaler__enabled=False): "
-            "small gradients underflow to zero in float16.",
-            AmpWarning,
-            stacklevel=4,
-        )
+            "small gradients underflow to zero in float16.")
     return scaler
 
 
@@ -442,18 +445,6 @@ def found_inf_tensor(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimi
     found = scaler._found_inf_per_device(optimizer)
     values = [v.to(scaler._scale.device, non_blocking=True) for v in found.values()]
     return torch.stack(values).sum() if len(values) > 1 else values[0]
-
-
-def move_scaler(scaler: torch.amp.GradScaler, device_type: str) -> None:
-    """Re-target any torch scaler, e.g. after a CUDA net was loaded on a CPU."""
-    if isinstance(scaler, GradScaler):
-        scaler.to_device_type(device_type)
-        return
-    scaler._device = device_type
-    for name in ("_scale", "_growth_tracker"):
-        value = getattr(scaler, name, None)
-        if isinstance(value, torch.Tensor):
-            setattr(scaler, name, value.to(device_type))
 
 
 def _as_dtype(value: Any) -> torch.dtype | None:

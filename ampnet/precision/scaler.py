@@ -4,6 +4,8 @@ pickling at any point of a training step."""
 
 from __future__ import annotations
 
+import copy
+import inspect
 import math
 from numbers import Integral, Real
 from typing import Any
@@ -12,7 +14,10 @@ import torch
 
 from ampnet.validation import describe, is_bool
 
-__all__ = ["GradScaler", "validate_scaler_settings", "validate_scaler_state", "found_inf"]
+__all__ = [
+    "GradScaler", "validate_scaler_settings", "validate_scaler_state", "found_inf", "move_scaler",
+    "copy_to_device",
+]
 
 #: Settings that a fitted net changes on its live scaler (no rebuild).
 LIVE_SETTINGS = (
@@ -233,8 +238,11 @@ class GradScaler(torch.amp.GradScaler):
 
     Parameters
     ----------
-    device : str (default='cuda')
-      Device type of the tensors it scales. ampnet's nets pass their own.
+    device : str or None (default=None)
+      Device type of the tensors it scales. None: ``'cuda'`` where CUDA is
+      available, else ``'cpu'``. An instance passed to a net as
+      ``grad_scaler`` is copied onto the net's device type at
+      ``initialize()``, whatever its own.
 
     init_scale : float (default=65536.0)
       Initial scale; the fixed scale when ``dynamic=False``.
@@ -275,7 +283,7 @@ class GradScaler(torch.amp.GradScaler):
 
     def __init__(
         self,
-        device: str = "cuda",
+        device: str | None = None,
         init_scale: float = 2.0**16,
         growth_factor: float = 2.0,
         backoff_factor: float = 0.5,
@@ -298,6 +306,8 @@ class GradScaler(torch.amp.GradScaler):
             hysteresis=hysteresis,
             dynamic=dynamic,
         )
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
         if enabled and device == "cuda" and not torch.cuda.is_available():
             raise ValueError(
                 "GradScaler(device='cuda') was enabled, but CUDA is not available; torch "
@@ -323,6 +333,16 @@ class GradScaler(torch.amp.GradScaler):
         self._dynamic = bool(dynamic)
         self._overflow_streak = 0
         self.scaled_in_step = False
+
+    def __repr__(self) -> str:
+        """``GradScaler(device='cpu', init_scale=256.0)``: the device and the
+        settings that differ from the defaults."""
+        params = inspect.signature(GradScaler.__init__).parameters
+        changed = [
+            f"{k}={v!r}" for k, v in self.get_settings().items()
+            if k not in params or v != params[k].default
+        ]
+        return f"{type(self).__name__}({', '.join([f'device={self._device!r}', *changed])})"
 
     # ---- settings -------------------------------------------------------
 
@@ -536,3 +556,30 @@ class GradScaler(torch.amp.GradScaler):
         # like torch's scale and tracker, the streak travels as a plain value
         state.update(_overflow_count=self._overflow_streak, _streak=None, _planned=None)
         return state
+
+
+def move_scaler(scaler: torch.amp.GradScaler, device_type: str) -> None:
+    """Re-target any torch scaler in place, e.g. after a CUDA net was loaded on a CPU."""
+    if getattr(scaler, "_device", device_type) == device_type:
+        return
+    if isinstance(scaler, GradScaler):
+        scaler.to_device_type(device_type)
+        return
+    scaler._device = device_type
+    for name in ("_scale", "_growth_tracker"):
+        value = getattr(scaler, name, None)
+        if isinstance(value, torch.Tensor):
+            setattr(scaler, name, value.to(device_type))
+
+
+def copy_to_device(scaler: torch.amp.GradScaler, device_type: str) -> torch.amp.GradScaler:
+    """A deep copy of ``scaler`` whose tensors live on ``device_type``.
+
+    A scaler instance is a hyper-parameter: a net trains a copy (``fit``
+    must not change it, and clones must not share a training state), and
+    the copy follows the net's device, so that ``GradScaler(init_scale=256.)``
+    made on a CPU-only machine (or for another device) works on any net.
+    """
+    scaler = copy.deepcopy(scaler)
+    move_scaler(scaler, device_type)
+    return scaler

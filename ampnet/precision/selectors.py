@@ -12,12 +12,11 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import re
-import warnings
 from typing import Any, Union
 
 import torch
 
-from ampnet.exceptions import AmpWarning
+from ampnet.exceptions import amp_warn
 
 __all__ = ["Selector", "parse_selectors", "match_modules", "describe_selector"]
 
@@ -103,12 +102,10 @@ def match_modules(
                 close = difflib.get_close_matches(selector, names, n=3)
                 hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
             shown = ", ".join(names[:12]) + (", ..." if len(names) > 12 else "")
-            warnings.warn(
+            amp_warn(
                 f"{param} selector {describe_selector(selector)} matches no module of "
                 f"{type(root).__name__}; it has no effect.{hint} Module names: "
                 f"{shown or '(none besides the root)'}.",
-                AmpWarning,
-                stacklevel=4,
             )
         matched.extend(h for h in hits if h not in matched)
     return matched
