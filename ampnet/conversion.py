@@ -20,7 +20,8 @@ __all__ = ["ConversionMixin"]
 
 
 class ConversionMixin:
-    """``low_precision_state``, ``convert_for_inference``, ``precision_report`` and ``export``."""
+    """``low_precision_state``, ``convert_for_inference``, ``precision_report``,
+    ``memory_report`` and ``export``."""
 
     def low_precision_state(self) -> contextlib.AbstractContextManager:
         """Context manager: inside it, ``module_.state_dict()`` -- and so
@@ -111,6 +112,33 @@ class ConversionMixin:
         return build_report(self, X, y, dtype)
 
 
+
+    def memory_report(self):
+        """The bytes of this net's training state now, by role: parameters,
+        gradients, float32 master weights, compensation buffers and
+        optimizer state (after ``fit``: the state between two training
+        steps).
+
+        Activations and the temporaries of a step are not counted; a tensor
+        counts ``numel() * element_size()`` bytes. See
+        :mod:`ampnet.precision.memory`.
+
+        Returns
+        -------
+        report : ampnet.precision.memory.MemoryReport
+          ``report.total``, ``report.to_dict()``; ``str(report)`` is a table.
+
+        Examples
+        --------
+        >>> net.fit(X, y)
+        >>> print(net.memory_report())
+        >>> net.memory_report().total
+        """
+        if not self.initialized_:
+            self.check_is_fitted()
+        optimizers = [getattr(self, n + "_", None) for n in self._optimizers]
+        optimizers = [o for o in optimizers if isinstance(o, torch.optim.Optimizer)]
+        return self.precision_.memory(self.__dict__.get("module_"), optimizers)
 
     def export(
         self,

@@ -68,7 +68,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         amp_enabled: bool = False,
         amp_dtype: str | torch.dtype = "auto",
         amp_level: str = "mixed",
-        amp_master_weights: bool = True,
+        amp_master_weights: bool | str = True,
         amp_fp32_modules: Any = None,
         amp_modules: Any = None,
         memory_format: str = "preserve",
@@ -199,6 +199,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
 
     def _initialize_optimizer(self, reason: str | None = None) -> "AmpNetMixin":
         super()._initialize_optimizer(reason=reason)
+        self.precision_.check_optimizers([(n, getattr(self, n + "_")) for n in self._optimizers])
         state = self.__dict__.get("amp_step_state_")
         if state is not None:
             state.closure = self._uses_closure()
@@ -269,9 +270,10 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         optimizer is rebuilt (its state carried over where the parameters
         line up) only when low-precision parameters are involved."""
         trimmed = getattr(self, "_trimmed_for_prediction", False)
-        states = {} if trimmed else {n: getattr(self, n + "_").state_dict() for n in self._optimizers}
-        if not new.take_over(old, self.module_, trimmed) or trimmed:
+        optimizers = [] if trimmed else [getattr(self, n + "_") for n in self._optimizers]
+        if not new.take_over(old, self.module_, trimmed, optimizers) or trimmed:
             return  # the same float32 Parameter objects: the optimizer is still right
+        states = {n: opt.state_dict() for n, opt in zip(self._optimizers, optimizers)}
         self.__dict__["precision_"] = new
         self._initialize_optimizer(reason=self._format_reinit_msg("optimizer", dict.fromkeys(changed)))
         for name, state in states.items():
