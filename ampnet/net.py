@@ -33,6 +33,7 @@ from ampnet.exceptions import AmpWarning
 from ampnet.conversion import ConversionMixin
 from ampnet.io.persistence import PersistenceMixin
 from ampnet.parallel import Parallel, build_parallel
+from ampnet.precision.auto import resolve_auto_fp32
 from ampnet.precision.component import Precision, build_scaler
 from ampnet.precision.plan import PrecisionLayout
 from ampnet.precision.policy import PrecisionPolicy
@@ -294,6 +295,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
             self.initialize()
         for notice in self.precision_policy_.notices:
             warnings.warn(notice, AmpWarning, stacklevel=2)
+        resolve_auto_fp32(self, X, y, **fit_params)  # amp_fp32_modules='auto', first fit only
         return super().partial_fit(X, y, classes, **fit_params)
 
     def fit_loop(self, X, y=None, epochs=None, **fit_params):

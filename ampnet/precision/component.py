@@ -23,6 +23,7 @@ import torch
 
 from ampnet._tree import cast_floating, map_tensors
 from ampnet.precision import compensated as comp
+from ampnet.precision.auto import install_auto_hooks, remove_auto_hooks
 from ampnet.precision.checks import nonfinite_grads
 from ampnet.precision.masters import (
     find_state_hook,
@@ -37,6 +38,7 @@ from ampnet.precision.plan import PrecisionLayout, plan_layout
 from ampnet.precision.policy import PrecisionPolicy, parse_amp_dtype, resolve_precision
 from ampnet.precision.regions import AutocastRegion, install_region, regions_of, remove_regions
 from ampnet.precision.scaler import GradScaler
+from ampnet.precision.selectors import AUTO, parse_selectors
 from ampnet.precision.settings import PrecisionSettings
 
 if TYPE_CHECKING:
@@ -86,6 +88,10 @@ class Precision:
 
     masters : dict or None
       Float32 master parameters by name in ``'pure'`` (``amp_master_params_``).
+
+    auto_fp32 : tuple of str or None
+      The modules that ``'auto'`` in ``amp_fp32_modules`` stands for in the
+      next :meth:`plan` (None: those of the current layout, if any).
     """
 
     def __init__(self, settings: PrecisionSettings, scaler: GradScaler) -> None:
@@ -93,6 +99,7 @@ class Precision:
         self.scaler = scaler
         self.layout: PrecisionLayout | None = None
         self.masters: dict[str, torch.nn.Parameter] | None = None
+        self.auto_fp32: tuple[str, ...] | None = None
         self._found: dict[int, torch.Tensor] = {}
 
     @classmethod
@@ -120,6 +127,15 @@ class Precision:
         return self.enabled or (self.layout is not None and self.layout.memory_format == "channels_last")
 
     @property
+    def auto_pending(self) -> bool:
+        """Whether ``amp_fp32_modules`` holds ``'auto'`` that the first fit
+        has yet to resolve (AMP on, a module attached and not yet probed)."""
+        return (
+            self.enabled and self.layout is not None and self.layout.auto_fp32_modules is None
+            and AUTO in parse_selectors(self.settings.fp32_modules, "amp_fp32_modules")
+        )
+
+    @property
     def records(self) -> bool:
         """Whether the history gets ``loss_scale`` and ``step_skipped`` every step."""
         return self.enabled or self.scaling
@@ -130,9 +146,13 @@ class Precision:
         """The layout of ``module`` under these settings, without changing it
         (``current``: the layout the module carries now, if any)."""
         settings = self.settings
+        auto = self.auto_fp32
+        if auto is None and current is not None:
+            auto = current.auto_fp32_modules
         return plan_layout(
             module_root(module), settings.policy, settings.fp32_modules, settings.amp_modules,
             settings.memory_format, current.low_precision_params if current is not None else (),
+            auto,
         )
 
     def attach(self, module: torch.nn.Module, trimmed: bool = False, layout: PrecisionLayout | None = None) -> None:
@@ -159,6 +179,8 @@ class Precision:
                 masters = make_masters(root, layout.low_precision_params)
             narrow(root, layout.low_precision_params, layout.dtype)
             install_state_hooks(root, layout.low_precision_params, masters)
+        if AUTO in parse_selectors(settings.fp32_modules, "amp_fp32_modules"):
+            install_auto_hooks(root, layout.auto_fp32_modules)
         self.layout, self.masters = layout, masters
 
     def take_over(
@@ -185,6 +207,7 @@ class Precision:
         root = module_root(module)
         remove_regions(root)
         remove_state_hooks(root)
+        remove_auto_hooks(root)
         layout = self.layout
         if layout is not None:
             params = dict(root.named_parameters(remove_duplicate=False))
