@@ -258,6 +258,8 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         elif scaler_kw:
             scaler.set_settings(**{k: settings.scaler_kwargs[k] for k in scaler_kw})
         new = Precision.build(settings, scaler)
+        if not getattr(self, "_trimmed_for_prediction", False):  # refuse before the module changes
+            new.check_optimizers([(n, getattr(self, n + "_")) for n in self._optimizers])
         if relayout and isinstance(self.__dict__.get("module_"), torch.nn.Module):
             self._relayout(prec, new, [k for k in changed if k in LAYOUT_PARAMS])
         else:
