@@ -49,7 +49,10 @@ class ConversionMixin:
         is respected. It pickles like any net. ``partial_fit`` continues
         training it as ``'pure'`` (float32 masters are made from this net's
         float32 weights); ``fit`` re-initializes and trains ``'pure'`` from
-        scratch, as skorch's ``fit`` always does. Call
+        scratch, as skorch's ``fit`` always does. A net with
+        ``amp_master_weights='compensated'`` stays compensated in its own
+        dtype; converted to another dtype it gets float32 masters (made from
+        its weights plus their compensation). Call
         ``trim_for_prediction()`` on the copy to drop the optimizer and the
         masters when it only predicts.
 
@@ -69,11 +72,16 @@ class ConversionMixin:
         policy = self.precision_policy_
         if isinstance(dtype, str) and dtype.strip().lower() == "auto" and policy.enabled:
             dtype = policy.compute_dtype
-        parse_amp_dtype(dtype)
+        target = parse_amp_dtype(dtype)
+        changes = dict(amp_enabled=True, amp_dtype=dtype, amp_level="pure")
+        if self.amp_master_weights == "compensated" and target != policy.compute_dtype:
+            # the compensation belongs to the old dtype's rounding: float32 masters
+            # are made from the weights plus their compensation
+            changes["amp_master_weights"] = True
         new = copy.deepcopy(self)
         verbose, new.verbose = new.verbose, 0
         try:
-            new.set_params(amp_enabled=True, amp_dtype=dtype, amp_level="pure")
+            new.set_params(**changes)
         finally:
             new.verbose = verbose
         return new

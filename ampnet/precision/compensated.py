@@ -46,6 +46,8 @@ __all__ = [
     "SUPPORTED",
     "LOW_DTYPES",
     "check_optimizer",
+    "check_fused_sgd",
+    "FLOAT16_SAFE",
     "compensated_step",
     "compensation_of",
     "pop_compensation",
@@ -72,25 +74,66 @@ SUPPORTED: tuple[type, ...] = (
 )
 
 
-def check_optimizer(optimizer: torch.optim.Optimizer, name: str = "optimizer") -> None:
-    """Refuse an optimizer that compensated weights cannot serve.
+#: Optimizers whose state stays meaningful in float16 (no second moment, no eps).
+FLOAT16_SAFE: tuple[type, ...] = (torch.optim.SGD, torch.optim.Rprop)
+
+
+def check_optimizer(optimizer: torch.optim.Optimizer, name: str = "optimizer",
+                    dtype: torch.dtype = torch.bfloat16) -> None:
+    """Refuse an optimizer that compensated weights in ``dtype`` cannot serve.
 
     Raises
     ------
     ValueError
       Naming the optimizer, the supported ones and the alternatives.
     """
-    if isinstance(optimizer, SUPPORTED):
+    found = f"{name}={type(optimizer).__module__}.{type(optimizer).__name__}"
+    if not isinstance(optimizer, SUPPORTED):
+        names = ", ".join(cls.__name__ for cls in SUPPORTED)
+        raise ValueError(
+            f"amp_master_weights='compensated' steps the compensation buffers through the "
+            f"optimizer, which works for torch.optim's {names} (their update reads the weight "
+            f"only through weight_decay); got {found}. Fix: use one of these optimizers, or "
+            "amp_master_weights=True (float32 masters), or amp_master_weights=False with an "
+            "optimizer that compensates by itself (e.g. torch-optimi's, kahan_sum=True)."
+        )
+    if dtype == torch.float16 and not isinstance(optimizer, FLOAT16_SAFE):
+        raise ValueError(
+            f"amp_master_weights='compensated' with amp_dtype='float16' keeps the optimizer "
+            f"state in float16, where {type(optimizer).__name__}'s eps and squared gradients "
+            "below 6e-8 are zero (its step divides by zero); got "
+            f"{found}. Fix: amp_dtype='bfloat16' (the same memory, float32's range), "
+            "amp_master_weights=True (float32 masters and state), or torch.optim.SGD."
+        )
+
+
+def check_fused_sgd(optimizer: torch.optim.Optimizer, name: str, dtype: torch.dtype) -> None:
+    """Refuse ``torch.optim.SGD(fused=True)`` that will step ``dtype``
+    parameters where torch's fused kernel skips their update (torch
+    2.12-2.13 on CPU, pytorch/pytorch#191763), found by one step on a
+    64-element tensor on the optimizer's device.
+
+    Raises
+    ------
+    ValueError
+      Naming the optimizer, the torch issue and the fix.
+    """
+    if not (isinstance(optimizer, torch.optim.SGD) and optimizer.defaults.get("fused")):
         return
-    names = ", ".join(cls.__name__ for cls in SUPPORTED)
-    raise ValueError(
-        f"amp_master_weights='compensated' steps the compensation buffers through the "
-        f"optimizer, which works for torch.optim's {names} (their update reads the weight "
-        f"only through weight_decay); got {name}={type(optimizer).__module__}."
-        f"{type(optimizer).__name__}. Fix: use one of these optimizers, or "
-        "amp_master_weights=True (float32 masters), or amp_master_weights=False with an "
-        "optimizer that compensates by itself (e.g. torch-optimi's, kahan_sum=True)."
-    )
+    devices = {p.device for g in optimizer.param_groups for p in g["params"]}
+    for device in sorted(devices, key=str):
+        probe = torch.nn.Parameter(torch.zeros(64, dtype=dtype, device=device))
+        probe.grad = torch.ones_like(probe)
+        torch.optim.SGD([probe], lr=1.0, fused=True).step()
+        if not bool((probe.detach() == -1).all()):
+            kind = str(dtype).replace("torch.", "")
+            raise ValueError(
+                f"{name}=torch.optim.SGD(fused=True) does not update {kind} parameters on "
+                f"{device.type} in torch {torch.__version__} (its fused kernel skips whole SIMD "
+                "blocks: pytorch/pytorch#191763), and this net's optimizer steps parameters "
+                f"stored in {kind}. Fix: optimizer__fused=False (the foreach kernel), or "
+                "amp_master_weights=True (float32 masters)."
+            )
 
 
 def _low_params(optimizer: torch.optim.Optimizer) -> list[tuple[dict, list[torch.nn.Parameter]]]:

@@ -258,10 +258,15 @@ class Precision:
 
     def check_optimizers(self, optimizers: Sequence[tuple[str, torch.optim.Optimizer]]) -> None:
         """Refuse ``(name, optimizer)`` pairs that these settings cannot
-        step (``'compensated'``: see :func:`ampnet.precision.compensated.check_optimizer`)."""
-        if self.settings.compensated:
-            for name, optimizer in optimizers:
-                comp.check_optimizer(optimizer, name)
+        step (``'compensated'``: see :func:`ampnet.precision.compensated.check_optimizer`;
+        a fused SGD that skips low-precision updates:
+        :func:`ampnet.precision.compensated.check_fused_sgd`)."""
+        low = self.enabled and self.policy.level == "pure" and not self.settings.master_weights
+        for name, optimizer in optimizers:
+            if self.settings.compensated:
+                comp.check_optimizer(optimizer, name, self.policy.compute_dtype)
+            if low:  # the optimizer steps low-precision parameters
+                comp.check_fused_sgd(optimizer, name, self.policy.compute_dtype)
 
     def drop_masters(self, module: torch.nn.Module) -> None:
         """Forget the float32 masters (prediction only, after a trim)."""
@@ -386,7 +391,10 @@ class Precision:
         if self.scaler.is_enabled():
             flags = []
             for optimizer, _ in optimizers:
-                self.scaler.unscale_(optimizer, allow_fp16=self.settings.compensated)
+                if self.settings.compensated:  # float16 weights and gradients
+                    self.scaler.unscale_(optimizer, allow_fp16=True)
+                else:
+                    self.scaler.unscale_(optimizer)
                 flag = self.scaler.found_inf_tensor(optimizer)
                 self._found[id(optimizer)] = flag
                 flags.append(flag)
