@@ -107,8 +107,11 @@ def plan_layout(
     wants_auto = AUTO in fp32_sel
     auto = tuple(auto) if wants_auto and auto is not None else None
     names = {n for n, _ in root.named_modules()}
-    fp32_names = match_modules(root, tuple(s for s in fp32_sel if s != AUTO), "amp_fp32_modules")
-    fp32_names += [n for n in auto or () if n in names and n not in fp32_names]
+    fp32_names: list[str] = []
+    for selector in fp32_sel:  # in the order given, 'auto' where it stands
+        found = [n for n in auto or () if n in names] if selector == AUTO else match_modules(
+            root, (selector,), "amp_fp32_modules")
+        fp32_names += [n for n in found if n not in fp32_names]
     fp32_roots = _outermost(fp32_names)
     amp_names = match_modules(root, amp_sel, "amp_modules") if amp_modules is not None else None
     if not policy.enabled:
