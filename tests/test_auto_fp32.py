@@ -170,3 +170,31 @@ def test_checkpoint_resume_is_bitexact(data, tmp_path):
     for a, b in zip(whole.module_.parameters(), resumed.module_.parameters()):
         assert torch.equal(a, b)
     assert resumed.history[:, "train_loss"] == whole.history[:, "train_loss"]
+
+
+class FirstInput(Overflowing):
+    """Records the first input it computes on, and what callbacks saw."""
+
+    seen = None
+
+    def forward(self, X):
+        if FirstInput.seen is None:
+            FirstInput.seen = X.detach().clone()
+        return super().forward(X)
+
+
+def test_probe_runs_on_the_first_training_rows_before_any_callback(data):
+    from skorch.callbacks import Callback
+
+    layouts = []
+
+    class AtStart(Callback):
+        def on_train_begin(self, net, **kwargs):
+            layouts.append(net.amp_layout_.auto_fp32_modules)
+
+    X, y = data
+    FirstInput.seen = None
+    make(module=FirstInput, **FP16, amp_fp32_modules="auto", max_epochs=1, iterator_train__shuffle=True,
+         callbacks=[AtStart()]).fit(X, y)
+    torch.testing.assert_close(FirstInput.seen, torch.as_tensor(X[:50]))
+    assert layouts == [("big",)]

@@ -267,6 +267,7 @@ def test_gradient_accumulation_matches_the_large_batch(classifier_data):
 
     big = fit(batch_size=32)
     small = fit(batch_size=16, gradient_accumulation_steps=2)
+    assert small.module_.hidden.weight.grad.dtype == torch.bfloat16  # accumulated in bfloat16
     for name, w in true_weights(big).items():
         torch.testing.assert_close(true_weights(small)[name], w, atol=1e-2, rtol=1e-2)
     assert len(compensation(small)) == 4
