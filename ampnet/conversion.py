@@ -10,11 +10,14 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ampnet.precision.policy import parse_amp_dtype
+
+if TYPE_CHECKING:
+    from ampnet.precision.memory import MemoryReport
 
 __all__ = ["ConversionMixin"]
 
@@ -119,9 +122,7 @@ class ConversionMixin:
             self.initialize()
         return build_report(self, X, y, dtype)
 
-
-
-    def memory_report(self):
+    def memory_report(self) -> "MemoryReport":
         """The bytes of this net's training state now, by role: parameters,
         gradients, float32 master weights, compensation buffers and
         optimizer state (after ``fit``: the state between two training

@@ -94,6 +94,8 @@ class Precision:
       next :meth:`plan` (None: those of the current layout, if any).
     """
 
+    auto_fp32: tuple[str, ...] | None = None  # also for components pickled before it existed
+
     def __init__(self, settings: PrecisionSettings, scaler: GradScaler) -> None:
         self.settings = settings
         self.scaler = scaler
