@@ -24,18 +24,29 @@ AMP_DOC = """
       InstanceNorm, RMSNorm) and of ``amp_fp32_modules``; the forward still
       runs under autocast. float16 keeps loss scaling.
 
-    amp_master_weights : bool (default=True)
+    amp_master_weights : bool or 'compensated' (default=True)
       With ``'pure'``: the optimizer updates float32 master copies
       (``amp_master_params_``) and the low-precision weights are refreshed
       from them after each step; gradients are accumulated in float32.
       False (bfloat16 only): the optimizer updates the low-precision
-      weights directly.
+      weights directly, and updates smaller than half a unit in their last
+      place are lost. ``'compensated'``: no float32 copy; each
+      low-precision weight keeps a compensation buffer of its own dtype
+      (Kahan summation) that the optimizer steps, so small updates are
+      kept; the buffers are optimizer state (saved with ``f_optimizer``).
+      For torch.optim's SGD, Adam, AdamW, NAdam, RAdam, Adamax, Adagrad,
+      Adadelta, RMSprop and Rprop, fused or not; with float16 only SGD and
+      Rprop (the optimizer state is float16 too).
 
-    amp_fp32_modules : selector or list of selectors (default=None)
+    amp_fp32_modules : selector, list of selectors or 'auto' (default=None)
       Modules that always compute in float32 (inputs cast up, autocast off
       inside, float32 weights in ``'pure'``). A selector is a module class,
       a glob pattern on the qualified module name (``'head'``,
       ``'blocks.*.attn'``) or a compiled regex matching the whole name.
+      ``'auto'`` (alone or in the list): at the start of the first fit,
+      one forward and backward pass on the first training batch finds the
+      modules where activations or gradients overflow the low-precision
+      range, and keeps them in float32 (``amp_layout_.auto_fp32_modules``).
 
     amp_modules : None, selector or list of selectors (default=None)
       None: the whole model runs in low precision. Otherwise only the

@@ -10,17 +10,21 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ampnet.precision.policy import parse_amp_dtype
 
+if TYPE_CHECKING:
+    from ampnet.precision.memory import MemoryReport
+
 __all__ = ["ConversionMixin"]
 
 
 class ConversionMixin:
-    """``low_precision_state``, ``convert_for_inference``, ``precision_report`` and ``export``."""
+    """``low_precision_state``, ``convert_for_inference``, ``precision_report``,
+    ``memory_report`` and ``export``."""
 
     def low_precision_state(self) -> contextlib.AbstractContextManager:
         """Context manager: inside it, ``module_.state_dict()`` -- and so
@@ -48,7 +52,10 @@ class ConversionMixin:
         is respected. It pickles like any net. ``partial_fit`` continues
         training it as ``'pure'`` (float32 masters are made from this net's
         float32 weights); ``fit`` re-initializes and trains ``'pure'`` from
-        scratch, as skorch's ``fit`` always does. Call
+        scratch, as skorch's ``fit`` always does. A net with
+        ``amp_master_weights='compensated'`` stays compensated in its own
+        dtype; converted to another dtype it gets float32 masters (made from
+        its weights plus their compensation). Call
         ``trim_for_prediction()`` on the copy to drop the optimizer and the
         masters when it only predicts.
 
@@ -68,11 +75,16 @@ class ConversionMixin:
         policy = self.precision_policy_
         if isinstance(dtype, str) and dtype.strip().lower() == "auto" and policy.enabled:
             dtype = policy.compute_dtype
-        parse_amp_dtype(dtype)
+        target = parse_amp_dtype(dtype)
+        changes = dict(amp_enabled=True, amp_dtype=dtype, amp_level="pure")
+        if self.amp_master_weights == "compensated" and target != policy.compute_dtype:
+            # the compensation belongs to the old dtype's rounding: float32 masters
+            # are made from the weights plus their compensation
+            changes["amp_master_weights"] = True
         new = copy.deepcopy(self)
         verbose, new.verbose = new.verbose, 0
         try:
-            new.set_params(amp_enabled=True, amp_dtype=dtype, amp_level="pure")
+            new.set_params(**changes)
         finally:
             new.verbose = verbose
         return new
@@ -110,7 +122,32 @@ class ConversionMixin:
             self.initialize()
         return build_report(self, X, y, dtype)
 
+    def memory_report(self) -> "MemoryReport":
+        """The bytes of this net's training state now, by role: parameters,
+        gradients, float32 master weights, compensation buffers and
+        optimizer state (after ``fit``: the state between two training
+        steps).
 
+        Activations and the temporaries of a step are not counted; a tensor
+        counts ``numel() * element_size()`` bytes. See
+        :mod:`ampnet.precision.memory`.
+
+        Returns
+        -------
+        report : ampnet.precision.memory.MemoryReport
+          ``report.total``, ``report.to_dict()``; ``str(report)`` is a table.
+
+        Examples
+        --------
+        >>> net.fit(X, y)
+        >>> print(net.memory_report())
+        >>> net.memory_report().total
+        """
+        if not self.initialized_:
+            self.check_is_fitted()
+        optimizers = [getattr(self, n + "_", None) for n in self._optimizers]
+        optimizers = [o for o in optimizers if isinstance(o, torch.optim.Optimizer)]
+        return self.precision_.memory(self.__dict__.get("module_"), optimizers)
 
     def export(
         self,

@@ -41,6 +41,7 @@ from skorch.classifier import NeuralNetBinaryClassifier
 from ampnet.io.atomic import atomic_write_group
 from ampnet.exceptions import AmpWarning, amp_warn
 from ampnet._tree import cast_floating
+from ampnet.precision.auto import remove_auto_hooks
 from ampnet.precision.component import Precision, module_root
 from ampnet.precision.masters import remove_state_hooks
 from ampnet.precision.policy import DTYPE_ALIASES, dtype_name
@@ -176,17 +177,24 @@ def _float32_copy(net: Any) -> torch.nn.Module:
     root = module_root(net.module_)
     layout = getattr(net, "amp_layout_", None)
     low = layout.low_precision_params if layout is not None else ()
-    if low and not getattr(net, "amp_master_params_", None):
+    prec = net.__dict__.get("precision_")
+    optimizers = [getattr(net, n + "_", None) for n in net._optimizers]
+    optimizers = [o for o in optimizers if isinstance(o, torch.optim.Optimizer)]
+    compensated = low and prec is not None and prec.settings.compensated and optimizers
+    if low and not getattr(net, "amp_master_params_", None) and not compensated:
         amp_warn(
             f"This net stores {len(low)} parameter(s) in "
             f"{dtype_name(layout.dtype)} without float32 master copies "
-            "(amp_master_weights=False, or trim_for_prediction() after amp_level='pure'): "
+            "(amp_master_weights=False, or trim_for_prediction() after amp_level='pure' "
+            "or 'compensated'): "
             "the export holds those low-precision values. Export before trimming to keep "
             "the float32 weights.")
-    state = root.state_dict() if low else {}  # float32 entries from the masters
+    # float32 from the masters, or the weights plus their compensation
+    state = prec.float32_weights(root, optimizers) if low else {}
     module = copy.deepcopy(root)
     remove_regions(module)
     remove_state_hooks(module)
+    remove_auto_hooks(module)
     params = dict(module.named_parameters(remove_duplicate=False))
     for name in low:
         params[name].data = state[name].detach().to(torch.float32, copy=True)
@@ -207,7 +215,10 @@ def _narrow(module: torch.nn.Module, dtype: torch.dtype, net: Any) -> None:
     with warnings.catch_warnings():
         # selectors that match nothing were reported when the net was initialized
         warnings.simplefilter("ignore", AmpWarning)
-        plan = Precision.build(settings).plan(module)
+        planner = Precision.build(settings)
+        layout = getattr(net, "amp_layout_", None)
+        planner.auto_fp32 = layout.auto_fp32_modules if layout is not None else None
+        plan = planner.plan(module)
     by_name = dict(module.named_parameters())
     low_ids = {id(by_name[n]) for n in plan.low_precision_params}
     for sub in module.modules():

@@ -34,6 +34,7 @@ from ampnet.net_repr import add_amp_params
 from ampnet.conversion import ConversionMixin
 from ampnet.io.persistence import PersistenceMixin
 from ampnet.parallel import Parallel, build_parallel
+from ampnet.precision.auto import resolve_auto_fp32
 from ampnet.precision.component import Precision, build_scaler
 from ampnet.precision.devices import check_device
 from ampnet.precision.no_effect import warn_ineffective_settings
@@ -71,7 +72,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         amp_enabled: bool = False,
         amp_dtype: str | torch.dtype = "auto",
         amp_level: str = "mixed",
-        amp_master_weights: bool = True,
+        amp_master_weights: bool | str = True,
         amp_fp32_modules: Any = None,
         amp_modules: Any = None,
         memory_format: str = "preserve",
@@ -204,6 +205,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
 
     def _initialize_optimizer(self, reason: str | None = None) -> "AmpNetMixin":
         super()._initialize_optimizer(reason=reason)
+        self.precision_.check_optimizers([(n, getattr(self, n + "_")) for n in self._optimizers])
         state = self.__dict__.get("amp_step_state_")
         if state is not None:
             state.closure = self._uses_closure()
@@ -270,6 +272,8 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
                         break
                     setter(value)
         new = Precision.build(settings, scaler)
+        if not getattr(self, "_trimmed_for_prediction", False):  # refuse before the module changes
+            new.check_optimizers([(n, getattr(self, n + "_")) for n in self._optimizers])
         if relayout and isinstance(self.__dict__.get("module_"), torch.nn.Module):
             self._relayout(prec, new, [k for k in changed if k in LAYOUT_PARAMS])
         else:
@@ -283,9 +287,10 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         optimizer is rebuilt (its state carried over where the parameters
         line up) only when low-precision parameters are involved."""
         trimmed = getattr(self, "_trimmed_for_prediction", False)
-        states = {} if trimmed else {n: getattr(self, n + "_").state_dict() for n in self._optimizers}
-        if not new.take_over(old, self.module_, trimmed) or trimmed:
+        optimizers = [] if trimmed else [getattr(self, n + "_") for n in self._optimizers]
+        if not new.take_over(old, self.module_, trimmed, optimizers) or trimmed:
             return  # the same float32 Parameter objects: the optimizer is still right
+        states = {n: opt.state_dict() for n, opt in zip(self._optimizers, optimizers)}
         self.__dict__["precision_"] = new
         self._initialize_optimizer(reason=self._format_reinit_msg("optimizer", dict.fromkeys(changed)))
         for name, state in states.items():
@@ -303,6 +308,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
             self.initialize()
         for notice in self.precision_policy_.notices:
             amp_warn(notice)
+        resolve_auto_fp32(self, X, y, **fit_params)  # amp_fp32_modules='auto', first fit only
         if self.precision_policy_.enabled:
             adapt_recording_hooks(self)  # skorch's SkorchDoctor records float32
         return super().partial_fit(X, y, classes, **fit_params)

@@ -3,7 +3,7 @@
 usage: dist_worker.py RANK WORLD PORT OUTDIR BATCH ACCUM [PRECISION [INIT_PARAMS]]
 WORLD=1 runs without a process group (the single-process reference).
 PRECISION: fp16 (default; with loss scaling), bf16, pure (bf16 weights with
-fp32 masters) or off. INIT_PARAMS: a params file to load before training.
+fp32 masters), compensated (bf16 weights with bf16 compensation) or off. INIT_PARAMS: a params file to load before training.
 """
 
 import sys
@@ -27,6 +27,8 @@ AMP = {
                  grad_scaler__growth_interval=2),
     "bf16": dict(amp_enabled=True, amp_dtype="bfloat16"),
     "pure": dict(amp_enabled=True, amp_dtype="bfloat16", amp_level="pure"),
+    "compensated": dict(amp_enabled=True, amp_dtype="bfloat16", amp_level="pure",
+                        amp_master_weights="compensated"),
     "off": dict(amp_enabled=False),
 }[precision]
 
@@ -96,6 +98,11 @@ torch.save(
         "start_params": start_params,
         "ddp": net.parallel_.ddp is not None,
         "param_dtypes": sorted({str(p.dtype) for p in net.module_.parameters()}),
+        "compensation": {
+            n: net.optimizer_.state[p]["ampnet_compensation"].clone()
+            for n, p in net.module_.named_parameters()
+            if "ampnet_compensation" in net.optimizer_.state.get(p, {})
+        },
     },
     f"{outdir}/{precision}_rank{rank}_world{world}.pt",
 )

@@ -97,8 +97,8 @@ def _reads_per_batch(cls, **kwargs):
     rng = np.random.RandomState(0)
     X = rng.randn(256, 20).astype(np.float32)
     y = (X[:, 0] > 0).astype(np.int64)
-    net = cls(MLP, optimizer=torch.optim.SGD, lr=0.05, max_epochs=2, batch_size=16,
-              train_split=None, verbose=0, **kwargs)
+    kwargs = {"optimizer": torch.optim.SGD, "lr": 0.05, **kwargs}
+    net = cls(MLP, max_epochs=2, batch_size=16, train_split=None, verbose=0, **kwargs)
     net.initialize()
     with _ReadCounter() as counter:
         net.partial_fit(X, y)
@@ -116,11 +116,26 @@ def _reads_per_batch(cls, **kwargs):
         (dict(amp_enabled=True, amp_dtype="float16", amp_level="pure"), 1.0),
         (dict(amp_enabled=True, amp_dtype="float16", gradient_accumulation_steps=4), 0.25),
         (dict(amp_enabled=True, amp_dtype="bfloat16", amp_skip_nonfinite=False), 0.0),
+        (dict(amp_enabled=True, amp_dtype="bfloat16", amp_level="pure", amp_master_weights="compensated"), 1.0),
+        (dict(amp_enabled=True, amp_dtype="float16", amp_level="pure", amp_master_weights="compensated"), 1.0),
+        (dict(amp_enabled=True, amp_dtype="bfloat16", amp_level="pure", amp_master_weights="compensated",
+              optimizer=torch.optim.AdamW, optimizer__weight_decay=0.1, gradient_accumulation_steps=2,
+              lr=0.005), 0.5),
+        (dict(amp_enabled=True, amp_dtype="float16", optimizer=torch.optim.Adam, optimizer__fused=True,
+              lr=0.005), 1.0),
+        (dict(amp_enabled=True, amp_dtype="float16", amp_level="pure", optimizer=torch.optim.AdamW,
+              optimizer__fused=True, lr=0.005), 1.0),
+        (dict(amp_enabled=True, amp_dtype="bfloat16", amp_level="pure", amp_master_weights="compensated",
+              optimizer=torch.optim.AdamW, optimizer__fused=True, lr=0.005), 1.0),
     ],
-    ids=["off", "bf16", "bf16-pure", "fp16", "fp16-pure", "fp16-accumulate", "bf16-noguard"],
+    ids=["off", "bf16", "bf16-pure", "fp16", "fp16-pure", "fp16-accumulate", "bf16-noguard",
+         "bf16-compensated", "fp16-compensated", "bf16-compensated-adamw-accumulate", "fp16-fused-adam",
+         "fp16-pure-fused-adamw", "bf16-compensated-fused-adamw"],
 )
 def test_at_most_one_host_read_per_optimizer_step(settings, steps_per_batch):
-    baseline = _reads_per_batch(NeuralNetClassifier)
+    # skorch with the same optimizer (torch's unfused Adam reads its step counters)
+    same = {k: v for k, v in settings.items() if k.startswith("optimizer") or k == "lr"}
+    baseline = _reads_per_batch(NeuralNetClassifier, **same)
     ours = _reads_per_batch(AmpNetClassifier, **settings)
     assert baseline >= 1.0  # skorch reads the loss once per batch
     assert ours <= baseline + steps_per_batch + 1e-9, (ours, baseline)

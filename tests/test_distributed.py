@@ -101,11 +101,17 @@ def test_accumulation_skips_allreduce_on_micro_batches(tmp_path):
         torch.testing.assert_close(r0["params"][key], value, atol=1e-3, rtol=1e-3)
 
 
-@pytest.mark.parametrize("precision", ["off", "bf16", "pure"])
+@pytest.mark.parametrize("precision", ["off", "bf16", "pure", "compensated"])
 def test_other_precisions_match_one_process(tmp_path, precision):
     (r0, r1), _ = launch(tmp_path, world=2, batch=4, accum=1, precision=precision)
     (single,), _ = launch(tmp_path, world=1, batch=8, accum=1, precision=precision)
-    assert r0["param_dtypes"] == (["torch.bfloat16"] if precision == "pure" else ["torch.float32"])
+    low = precision in ("pure", "compensated")
+    assert r0["param_dtypes"] == (["torch.bfloat16"] if low else ["torch.float32"])
+    # compensation buffers: identical on every rank, close to one process's
+    assert len(r0["compensation"]) == (4 if precision == "compensated" else 0)
+    for key, value in single["compensation"].items():
+        assert torch.equal(r0["compensation"][key], r1["compensation"][key])
+        assert value.dtype == torch.bfloat16 and value.abs().max() > 0
     tol = 1e-5 if precision == "off" else 2e-2
     for key, value in single["params"].items():
         assert torch.equal(r0["params"][key], r1["params"][key])

@@ -118,7 +118,7 @@ def test_selector_without_match_warns():
         ),
         (
             dict(amp_master_weights="yes"), TypeError,
-            r"amp_master_weights must be True or False; got 'yes' \(str\)",
+            r"amp_master_weights must be True, False or 'compensated'; got 'yes' \(str\)",
         ),
         (
             dict(amp_level="pure", amp_dtype="float16", amp_master_weights=False),

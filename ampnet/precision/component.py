@@ -17,12 +17,14 @@ one host read of a step), ``step_context`` (fused optimizers),
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, NamedTuple, Sequence
 
 import torch
 from skorch.utils import to_tensor
 
 from ampnet._tree import cast_floating, map_tensors
+from ampnet.precision import compensated as comp
+from ampnet.precision.auto import install_auto_hooks, remove_auto_hooks
 from ampnet.precision.checks import nonfinite_grads
 from ampnet.precision.inputs import match_module_dtype
 from ampnet.precision.masters import (
@@ -38,7 +40,11 @@ from ampnet.precision.plan import PrecisionLayout, plan_layout
 from ampnet.precision.policy import PrecisionPolicy, parse_amp_dtype, resolve_precision
 from ampnet.precision.regions import AutocastRegion, install_region, regions_of, remove_regions
 from ampnet.precision.scaler import GradScaler, copy_to_device, move_scaler
+from ampnet.precision.selectors import AUTO, parse_selectors
 from ampnet.precision.settings import PrecisionSettings
+
+if TYPE_CHECKING:
+    from ampnet.precision.memory import MemoryReport
 
 __all__ = ["Precision", "StepDecision", "module_root"]
 
@@ -84,13 +90,20 @@ class Precision:
 
     masters : dict or None
       Float32 master parameters by name in ``'pure'`` (``amp_master_params_``).
+
+    auto_fp32 : tuple of str or None
+      The modules that ``'auto'`` in ``amp_fp32_modules`` stands for in the
+      next :meth:`plan` (None: those of the current layout, if any).
     """
+
+    auto_fp32: tuple[str, ...] | None = None  # also for components pickled before it existed
 
     def __init__(self, settings: PrecisionSettings, scaler: GradScaler) -> None:
         self.settings = settings
         self.scaler = scaler
         self.layout: PrecisionLayout | None = None
         self.masters: dict[str, torch.nn.Parameter] | None = None
+        self.auto_fp32: tuple[str, ...] | None = None
         self._found: dict[int, torch.Tensor] = {}
 
     @classmethod
@@ -118,6 +131,15 @@ class Precision:
         return self.enabled or (self.layout is not None and self.layout.memory_format == "channels_last")
 
     @property
+    def auto_pending(self) -> bool:
+        """Whether ``amp_fp32_modules`` holds ``'auto'`` that the first fit
+        has yet to resolve (AMP on, a module attached and not yet probed)."""
+        return (
+            self.enabled and self.layout is not None and self.layout.auto_fp32_modules is None
+            and AUTO in parse_selectors(self.settings.fp32_modules, "amp_fp32_modules")
+        )
+
+    @property
     def records(self) -> bool:
         """Whether the history gets ``loss_scale`` and ``step_skipped`` every step."""
         return self.enabled or self.scaling
@@ -128,9 +150,13 @@ class Precision:
         """The layout of ``module`` under these settings, without changing it
         (``current``: the layout the module carries now, if any)."""
         settings = self.settings
+        auto = self.auto_fp32
+        if auto is None and current is not None:
+            auto = current.auto_fp32_modules
         return plan_layout(
             module_root(module), settings.policy, settings.fp32_modules, settings.amp_modules,
             settings.memory_format, current.low_precision_params if current is not None else (),
+            auto,
         )
 
     def attach(self, module: torch.nn.Module, trimmed: bool = False, layout: PrecisionLayout | None = None) -> None:
@@ -157,37 +183,94 @@ class Precision:
                 masters = make_masters(root, layout.low_precision_params)
             narrow(root, layout.low_precision_params, layout.dtype)
             install_state_hooks(root, layout.low_precision_params, masters)
+        if AUTO in parse_selectors(settings.fp32_modules, "amp_fp32_modules"):
+            install_auto_hooks(root, layout.auto_fp32_modules)
         self.layout, self.masters = layout, masters
 
-    def take_over(self, old: "Precision", module: torch.nn.Module, trimmed: bool = False) -> bool:
+    def take_over(
+        self, old: "Precision", module: torch.nn.Module, trimmed: bool = False,
+        optimizers: Sequence[torch.optim.Optimizer] = (),
+    ) -> bool:
         """Move ``module`` from ``old``'s layout to this one, keeping the
-        weights (float32 from the masters). The new layout is planned first,
-        so a refusal changes nothing. Returns whether low-precision
-        parameters are involved before or after (the optimizer's
-        parameters changed)."""
+        weights (float32 from the masters, or the weights plus their
+        compensation in ``optimizers``' state, which is removed from it).
+        The new layout is planned first, so a refusal changes nothing.
+        Returns whether low-precision parameters are involved before or
+        after (the optimizer's parameters changed)."""
         layout = self.plan(module, old.layout)
         before = old.layout.low_precision_params if old.layout is not None else ()
-        old.detach(module)
+        old.detach(module, optimizers)
         self.attach(module, trimmed=trimmed, layout=layout)
         return bool(before or layout.low_precision_params)
 
-    def detach(self, module: torch.nn.Module) -> None:
+    def detach(self, module: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer] = ()) -> None:
         """Undo :meth:`attach`: no regions, float32 parameters (from the
-        masters where there are some), default strides."""
+        masters where there are some, with the compensation in
+        ``optimizers``' state added, which is removed from it), default
+        strides."""
         root = module_root(module)
         remove_regions(root)
         remove_state_hooks(root)
+        remove_auto_hooks(root)
         layout = self.layout
         if layout is not None:
             params = dict(root.named_parameters(remove_duplicate=False))
+            wide = self.float32_weights(module, optimizers)
+            comp.pop_compensation(optimizers)
             for name in layout.low_precision_params:
-                source = self.masters[name].data if self.masters else params[name].data
-                params[name].data = source.to(torch.float32, copy=True)
+                params[name].data = wide[name]
             if layout.memory_format == "channels_last":
                 for t in [*root.parameters(), *root.buffers()]:
                     if t.dim() == 4:
                         t.data = t.data.contiguous()
         self.layout, self.masters = None, None
+
+    def float32_weights(
+        self, module: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer] = ()
+    ) -> dict[str, torch.Tensor]:
+        """New float32 tensors of the low-precision parameters, by name: the
+        masters, else the weights plus their compensation (found in
+        ``optimizers``' state), else the weights as stored."""
+        if self.layout is None:
+            return {}
+        params = dict(module_root(module).named_parameters(remove_duplicate=False))
+        comps = comp.compensation_of(optimizers) if self.settings.compensated else {}
+        out = {}
+        with torch.no_grad():
+            for name in self.layout.low_precision_params:
+                if self.masters:
+                    out[name] = self.masters[name].detach().to(torch.float32, copy=True)
+                    continue
+                param = params[name]
+                wide = param.detach().to(torch.float32, copy=True)
+                extra = comps.get(id(param))
+                if extra is not None:
+                    wide.add_(extra.to(torch.float32))
+                out[name] = wide
+        return out
+
+    def memory(self, module: Any, optimizers: Sequence[torch.optim.Optimizer]) -> "MemoryReport":
+        """The bytes of the training state, by role (:func:`ampnet.precision.memory.measure_memory`)."""
+        from ampnet.precision.memory import measure_memory
+
+        name = self.policy.name
+        if self.enabled and self.policy.level == "pure":
+            mode = "compensated" if self.settings.compensated else (
+                "float32 masters" if self.settings.master_weights else "no masters")
+            name = name[:-1] + f", {mode})"
+        return measure_memory(module_root(module) if module is not None else None, self.masters, optimizers, name)
+
+    def check_optimizers(self, optimizers: Sequence[tuple[str, torch.optim.Optimizer]]) -> None:
+        """Refuse ``(name, optimizer)`` pairs that these settings cannot
+        step (``'compensated'``: see :func:`ampnet.precision.compensated.check_optimizer`;
+        a fused SGD that skips low-precision updates:
+        :func:`ampnet.precision.compensated.check_fused_sgd`)."""
+        low = self.enabled and self.policy.level == "pure" and not self.settings.master_weights
+        for name, optimizer in optimizers:
+            if self.settings.compensated:
+                comp.check_optimizer(optimizer, name, self.policy.compute_dtype)
+            if low:  # the optimizer steps low-precision parameters
+                comp.check_fused_sgd(optimizer, name, self.policy.compute_dtype)
 
     def drop_masters(self, module: torch.nn.Module) -> None:
         """Forget the float32 masters (prediction only, after a trim)."""
@@ -318,7 +401,10 @@ class Precision:
         if self.scaler.is_enabled():
             flags = []
             for optimizer, _ in optimizers:
-                self.scaler.unscale_(optimizer)
+                if self.settings.compensated:  # float16 weights and gradients
+                    self.scaler.unscale_(optimizer, allow_fp16=True)
+                else:
+                    self.scaler.unscale_(optimizer)
                 flag = found_inf_tensor(self.scaler, optimizer)
                 self._found[id(optimizer)] = flag
                 flags.append(flag)
@@ -350,11 +436,14 @@ class Precision:
 
     def step_context(self, optimizer: torch.optim.Optimizer) -> contextlib.AbstractContextManager:
         """Around ``optimizer.step()``: fused optimizers receive the overflow
-        flag on the device (``found_inf``), as torch's own scaler passes it."""
+        flag on the device (``found_inf``), as torch's own scaler passes it;
+        with ``'compensated'`` the optimizer steps the compensation buffers,
+        which are then folded into the weights."""
         found = self._found.get(id(optimizer))
-        if found is None or not getattr(optimizer, "_step_supports_amp_scaling", False):
-            return contextlib.nullcontext()
-        return _fused_flags(optimizer, found)
+        fused = found is not None and getattr(optimizer, "_step_supports_amp_scaling", False)
+        if self.settings.compensated:
+            return _compensated_step(optimizer, found if fused else None)
+        return _fused_flags(optimizer, found) if fused else contextlib.nullcontext()
 
     def after_step(self, module: Any) -> None:
         """Refresh the low-precision weights from the masters."""
@@ -397,6 +486,16 @@ def _fused_flags(optimizer: torch.optim.Optimizer, found: torch.Tensor) -> Itera
         yield
     finally:
         del optimizer.grad_scale, optimizer.found_inf
+
+
+@contextlib.contextmanager
+def _compensated_step(optimizer: torch.optim.Optimizer, found: torch.Tensor | None) -> Iterator[None]:
+    with comp.compensated_step(optimizer):
+        if found is None:
+            yield
+        else:
+            with _fused_flags(optimizer, found):
+                yield
 
 
 def build_scaler(settings: PrecisionSettings) -> GradScaler:

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from ampnet.precision.policy import PrecisionPolicy
-from ampnet.precision.selectors import match_modules, parse_selectors
+from ampnet.precision.selectors import AUTO, match_modules, parse_selectors
 
 __all__ = ["PrecisionLayout", "plan_layout", "NORM_LAYERS", "is_inside"]
 
@@ -53,6 +53,11 @@ class PrecisionLayout:
 
     memory_format : str
       ``'preserve'`` or ``'channels_last'``.
+
+    auto_fp32_modules : tuple of str or None
+      With ``amp_fp32_modules='auto'``: the modules that the probe at the
+      start of the first fit kept in float32 (part of ``fp32_modules``);
+      None before the probe, or without ``'auto'``.
     """
 
     dtype: torch.dtype | None = None
@@ -61,6 +66,7 @@ class PrecisionLayout:
     amp_modules: tuple[str, ...] | None = None
     low_precision_params: tuple[str, ...] = ()
     memory_format: str = "preserve"
+    auto_fp32_modules: tuple[str, ...] | None = None
 
     @property
     def scoped(self) -> bool:
@@ -85,20 +91,31 @@ def plan_layout(
     amp_modules: Any,
     memory_format: str = "preserve",
     float32_names: tuple[str, ...] = (),
+    auto: tuple[str, ...] | None = None,
 ) -> PrecisionLayout:
     """Resolve the selectors on ``root`` and plan its precision layout.
 
     Selectors are validated (TypeError) and matched (AmpWarning for a
     selector that matches nothing) even when AMP is off. ``float32_names``
     are parameters stored in low precision now that count as float32 (the
-    module still carries an earlier layout).
+    module still carries an earlier layout). ``auto``: the modules that
+    ``'auto'`` in ``amp_fp32_modules`` stands for (None: not probed yet, so
+    none).
     """
     fp32_sel = parse_selectors(amp_fp32_modules, "amp_fp32_modules")
     amp_sel = parse_selectors(amp_modules, "amp_modules")
-    fp32_roots = _outermost(match_modules(root, fp32_sel, "amp_fp32_modules"))
+    wants_auto = AUTO in fp32_sel
+    auto = tuple(auto) if wants_auto and auto is not None else None
+    names = {n for n, _ in root.named_modules()}
+    fp32_names: list[str] = []
+    for selector in fp32_sel:  # in the order given, 'auto' where it stands
+        found = [n for n in auto or () if n in names] if selector == AUTO else match_modules(
+            root, (selector,), "amp_fp32_modules")
+        fp32_names += [n for n in found if n not in fp32_names]
+    fp32_roots = _outermost(fp32_names)
     amp_names = match_modules(root, amp_sel, "amp_modules") if amp_modules is not None else None
     if not policy.enabled:
-        return PrecisionLayout(memory_format=memory_format)
+        return PrecisionLayout(memory_format=memory_format, auto_fp32_modules=auto)
     amp_roots = None
     if amp_names is not None:
         amp_roots = _outermost([n for n in amp_names if not is_inside(n, fp32_roots)])
@@ -124,4 +141,5 @@ def plan_layout(
         amp_modules=amp_roots,
         low_precision_params=tuple(low),
         memory_format=memory_format,
+        auto_fp32_modules=auto,
     )

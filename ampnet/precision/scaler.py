@@ -387,6 +387,21 @@ class GradScaler(torch.amp.GradScaler):
         self.scaled_in_step = True
         return super().scale(outputs)
 
+    def unscale_(self, optimizer: torch.optim.Optimizer, allow_fp16: bool = False) -> None:
+        """torch's ``unscale_``; ``allow_fp16=True`` also unscales float16
+        gradients in place (``amp_master_weights='compensated'`` keeps
+        float16 weights and gradients: values below float16's smallest
+        subnormal, 6e-8, become zero once unscaled)."""
+        self._allow_fp16 = allow_fp16
+        try:
+            super().unscale_(optimizer)
+        finally:
+            self._allow_fp16 = False
+
+    def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16):  # type: ignore[override]
+        allow = allow_fp16 or getattr(self, "_allow_fp16", False)
+        return super()._unscale_grads_(optimizer, inv_scale, found_inf, allow)
+
     def found_inf(self, optimizer: torch.optim.Optimizer) -> bool:
         """Whether ``unscale_`` found inf/NaN in this optimizer's gradients
         during the current step (False for a disabled scaler). Reads the

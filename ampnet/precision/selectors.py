@@ -5,6 +5,11 @@ glob pattern on the qualified module name as given by
 ``module.named_modules()`` (``'encoder.*'``, ``'*attn'``; the root module
 is ``''``), or a compiled regular expression that must match the whole
 qualified name. A net parameter takes one selector or a list/tuple of them.
+
+In ``amp_fp32_modules`` the string ``'auto'`` is not a pattern: it stands
+for the modules that overflow the low-precision range on the first
+training batch (see :mod:`ampnet.precision.auto`). Select a module named
+``auto`` with ``re.compile('auto')``.
 """
 
 from __future__ import annotations
@@ -18,7 +23,10 @@ import torch
 
 from ampnet.exceptions import amp_warn
 
-__all__ = ["Selector", "parse_selectors", "match_modules", "describe_selector"]
+__all__ = ["Selector", "parse_selectors", "match_modules", "describe_selector", "AUTO"]
+
+#: In ``amp_fp32_modules``: the modules found by the probe of the first fit.
+AUTO = "auto"
 
 #: One selector: a module class, a glob pattern or a compiled regex.
 Selector = Union[type, str, "re.Pattern[str]"]

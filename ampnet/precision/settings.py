@@ -21,7 +21,7 @@ from ampnet.validation import describe
 from ampnet.precision.scaler import GradScaler, validate_scaler_settings
 from ampnet.precision.selectors import parse_selectors
 
-__all__ = ["PrecisionSettings", "read_settings", "PRECISION_PARAMS", "MEMORY_FORMATS"]
+__all__ = ["PrecisionSettings", "read_settings", "PRECISION_PARAMS", "MEMORY_FORMATS", "MASTER_WEIGHTS"]
 
 #: Net parameters that the precision component is built from.
 PRECISION_PARAMS = (
@@ -40,6 +40,9 @@ PRECISION_PARAMS = (
 #: Accepted values of ``memory_format``.
 MEMORY_FORMATS = ("preserve", "channels_last")
 
+#: Accepted values of ``amp_master_weights``.
+MASTER_WEIGHTS = (True, False, "compensated")
+
 
 @dataclass(frozen=True)
 class PrecisionSettings:
@@ -47,10 +50,14 @@ class PrecisionSettings:
 
     ``scaler_kwargs`` are the ``grad_scaler__*`` settings other than
     ``enabled``; ``scaler_enabled`` is that one (None: float16 decides).
+    ``master_weights`` says whether float32 masters are kept,
+    ``compensated`` whether low-precision weights are compensated instead
+    (``amp_master_weights='compensated'``).
     """
 
     policy: PrecisionPolicy
     master_weights: bool = True
+    compensated: bool = False
     fp32_modules: Any = None
     amp_modules: Any = None
     memory_format: str = "preserve"
@@ -93,10 +100,21 @@ def read_settings(params: Mapping[str, Any]) -> PrecisionSettings:
         params.get("amp_level", "mixed"),
     )
     masters = params.get("amp_master_weights", True)
-    if not _is_bool(masters):
+    compensated = isinstance(masters, str) and masters == "compensated"
+    if not (_is_bool(masters) or compensated):
         raise TypeError(
-            f"amp_master_weights must be True or False; got {describe(masters)}. Fix: "
-            "amp_master_weights=True (float32 masters, the default) or False."
+            f"amp_master_weights must be True, False or 'compensated'; got {describe(masters)}. "
+            "Fix: amp_master_weights=True (float32 masters, the default), False (the optimizer "
+            "updates the low-precision weights) or 'compensated' (low-precision weights with a "
+            "low-precision compensation buffer, no float32 copy)."
+        )
+    if compensated and not (policy.enabled and policy.level == "pure"):
+        raise ValueError(
+            "amp_master_weights='compensated' needs amp_enabled=True and amp_level='pure' "
+            f"(got amp_enabled={params.get('amp_enabled', False)!r}, "
+            f"amp_level={params.get('amp_level', 'mixed')!r}): it compensates the rounding "
+            "of weights stored in low precision, and only 'pure' stores them so. Fix: "
+            "set amp_enabled=True and amp_level='pure', or amp_master_weights=True."
         )
     memory_format = params.get("memory_format", "preserve")
     if not isinstance(memory_format, str) or memory_format not in MEMORY_FORMATS:
@@ -119,7 +137,8 @@ def read_settings(params: Mapping[str, Any]) -> PrecisionSettings:
         )
     settings = PrecisionSettings(
         policy=policy,
-        master_weights=bool(masters),
+        master_weights=bool(masters) and not compensated,
+        compensated=compensated,
         fp32_modules=params.get("amp_fp32_modules"),
         amp_modules=params.get("amp_modules"),
         memory_format=memory_format,
@@ -128,11 +147,13 @@ def read_settings(params: Mapping[str, Any]) -> PrecisionSettings:
         scaler_kwargs=kwargs,
         scaler_enabled=forced,
     )
-    if policy.enabled and policy.level == "pure" and not settings.master_weights and settings.uses_scaler:
+    if (policy.enabled and policy.level == "pure" and not settings.master_weights
+            and not compensated and settings.uses_scaler):
         raise ValueError(
             "amp_level='pure' with amp_master_weights=False and float16 loss scaling: "
             "the loss scaler cannot unscale float16 gradients in place. Fix: keep "
-            "amp_master_weights=True, or use amp_dtype='bfloat16'."
+            "amp_master_weights=True, use amp_master_weights='compensated' (float16 "
+            "gradients are unscaled in place), or use amp_dtype='bfloat16'."
         )
     if isinstance(scaler, torch.amp.GradScaler) and scaler.is_enabled() and not policy.uses_scaler and forced is None:
         raise ValueError(

@@ -1,0 +1,138 @@
+"""``amp_fp32_modules='auto'``: keep the modules that overflow in float32.
+
+At the start of the first fit (:func:`resolve_auto_fp32`, before any
+callback's ``on_train_begin``), one forward and backward pass on the first
+training batch -- the first ``batch_size`` rows of the training split, not
+shuffled -- finds the modules where an activation or gradient overflow of
+the low-precision range starts (:func:`ampnet.precision.report.build_report`
+recommends them). They are added to the float32 regions through the
+precision component, exactly as if they had been listed in
+``amp_fp32_modules``. The probe changes no weight, gradient, buffer,
+optimizer, random state or history.
+
+The choice is kept in ``amp_layout_.auto_fp32_modules``:
+
+- it pickles with the net, and ``partial_fit`` never probes again;
+- the module's ``state_dict`` carries it in its metadata, so that
+  ``save_params(f_params=...)`` and checkpoints hold it; loading such
+  parameters into a net that has not probed yet makes it take that choice
+  instead of probing (a net that resumes with ``LoadInitState`` probes the
+  freshly initialized module before the checkpoint is loaded: with the same
+  seed and data, as a resumed run has, the probe makes the same choice;
+  a different saved choice gives an :class:`.AmpWarning`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ampnet.exceptions import amp_warn
+
+__all__ = [
+    "METADATA_KEY",
+    "AutoChoiceHooks",
+    "install_auto_hooks",
+    "remove_auto_hooks",
+    "find_auto_hooks",
+    "resolve_auto_fp32",
+]
+
+#: The key of the choice in the root module's ``state_dict`` metadata.
+METADATA_KEY = "ampnet_auto_fp32_modules"
+
+
+class AutoChoiceHooks:
+    """The root module's state-dict hooks of ``'auto'``.
+
+    Called as a ``state_dict`` post-hook it writes the resolved choice into
+    the root's metadata; :meth:`load` (a ``load_state_dict`` pre-hook) reads
+    a saved choice into :attr:`loaded`.
+    """
+
+    def __init__(self, choice: tuple[str, ...] | None) -> None:
+        self.choice = choice
+        self.loaded: tuple[str, ...] | None = None
+
+    def __call__(self, module: torch.nn.Module, state_dict: dict, prefix: str, local_metadata: dict) -> None:
+        if self.choice is not None and prefix == "":
+            local_metadata[METADATA_KEY] = list(self.choice)
+
+    def load(self, module, state_dict, prefix, local_metadata, strict, missing_keys,
+             unexpected_keys, error_msgs) -> None:
+        saved = local_metadata.get(METADATA_KEY) if prefix == "" else None
+        if not (isinstance(saved, (list, tuple)) and all(isinstance(n, str) for n in saved)):
+            return
+        saved = tuple(saved)
+        if self.choice is not None and set(saved) != set(self.choice):
+            amp_warn(
+                f"The loaded parameters were trained with amp_fp32_modules='auto' keeping "
+                f"{list(saved)} in float32; this net's probe kept {list(self.choice)}. The net "
+                f"keeps its own choice. To use the saved one, pass amp_fp32_modules="
+                f"{list(saved)!r}.")
+            return
+        self.loaded = saved
+
+
+def install_auto_hooks(root: torch.nn.Module, choice: tuple[str, ...] | None) -> None:
+    """Register :class:`AutoChoiceHooks` on ``root``."""
+    hooks = AutoChoiceHooks(choice)
+    post = getattr(root, "register_state_dict_post_hook", root._register_state_dict_hook)
+    post(hooks)
+    root._register_load_state_dict_pre_hook(hooks.load, with_module=True)
+
+
+def _is_ours(hook: Any) -> bool:
+    hook = getattr(hook, "hook", hook)
+    return isinstance(hook, AutoChoiceHooks) or isinstance(getattr(hook, "__self__", None), AutoChoiceHooks)
+
+
+def find_auto_hooks(root: torch.nn.Module) -> AutoChoiceHooks | None:
+    """The :class:`AutoChoiceHooks` of ``root``, if any."""
+    for hook in root._state_dict_hooks.values():
+        if isinstance(hook, AutoChoiceHooks):
+            return hook
+    return None
+
+
+def remove_auto_hooks(root: torch.nn.Module) -> None:
+    """Remove the hooks of :func:`install_auto_hooks` from ``root``."""
+    for hooks in (root._state_dict_hooks, root._load_state_dict_pre_hooks):
+        for key in [k for k, h in hooks.items() if _is_ours(h)]:
+            del hooks[key]
+
+
+def resolve_auto_fp32(net: Any, X: Any, y: Any = None, **fit_params: Any) -> None:
+    """Resolve ``'auto'`` in ``amp_fp32_modules`` once, at the start of the
+    first fit: take a loaded choice, or probe the first training batch;
+    then move the module to the new layout. Does nothing when nothing is
+    pending."""
+    from ampnet.io.rng import get_rng_state, set_rng_state
+    from ampnet.precision.component import Precision, module_root
+    from ampnet.precision.report import build_report
+
+    prec = net.precision_
+    module = net.__dict__.get("module_")
+    if not prec.auto_pending or not isinstance(module, torch.nn.Module):
+        return
+    hooks = find_auto_hooks(module_root(module))
+    choice = hooks.loaded if hooks is not None else None
+    if choice is None:
+        rng = get_rng_state()
+        try:
+            dataset, _ = net.get_split_datasets(X, y, **fit_params)
+            report = build_report(net, dataset, None)
+        finally:
+            set_rng_state(rng)
+        choice = tuple(report.recommended_fp32_modules)
+        if net.verbose:
+            kept = ", ".join(repr(n) for n in choice) if choice else "none"
+            print(
+                f"amp_fp32_modules='auto': modules kept in float32 (where {report.target_dtype}'s "
+                f"range overflows on the first training batch): {kept}"
+            )
+    new = Precision(prec.settings, prec.scaler)
+    new.auto_fp32 = choice
+    net._relayout(prec, new, ["amp_fp32_modules"])
+    net.__dict__["precision_"] = new

@@ -1,0 +1,201 @@
+"""amp_fp32_modules='auto': one probe at the start of the first fit keeps
+the modules that overflow the low-precision range in float32."""
+
+import pickle
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import ampnet.precision.report as report_module
+from ampnet import AmpNetClassifier, AmpWarning
+from ampnet.callbacks.checkpoint import Checkpoint, LoadInitState
+from ampnet.precision.auto import METADATA_KEY
+
+
+class Scaled(torch.nn.Linear):
+    """A linear layer whose outputs are ~1e5: beyond float16's 65504."""
+
+    def forward(self, x):
+        return super().forward(x) * 1e5
+
+
+class Overflowing(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.big = Scaled(20, 32)
+        self.norm = torch.nn.LayerNorm(32)
+        self.out = torch.nn.Linear(32, 2)
+
+    def forward(self, X):
+        return self.out(torch.relu(self.norm(self.big(X))))
+
+
+FP16 = dict(amp_enabled=True, amp_dtype="float16")
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.RandomState(0)
+    X = rng.randn(400, 20).astype(np.float32)
+    return X, (X[:, 0] + X[:, 1] > 0).astype(np.int64)
+
+
+def make(**kw):
+    torch.manual_seed(0)
+    base = dict(module=Overflowing, criterion=torch.nn.CrossEntropyLoss, max_epochs=4, lr=0.1, batch_size=50,
+                train_split=None, verbose=0)
+    return AmpNetClassifier(**{**base, **kw})
+
+
+@pytest.fixture
+def probes(monkeypatch):
+    calls = []
+    original = report_module.build_report
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(report_module, "build_report", counting)
+    return calls
+
+
+def test_auto_keeps_the_overflowing_layer_in_float32(data):
+    X, y = data
+    fp32 = make().fit(X, y)
+    auto = make(**FP16, amp_fp32_modules="auto").fit(X, y)
+    assert auto.amp_layout_.fp32_modules == ("big",) and auto.amp_layout_.auto_fp32_modules == ("big",)
+    assert auto.history[:, "skipped_steps"][1:] == [0, 0, 0]
+    accuracy = (auto.predict(X) == y).mean()
+    assert abs(accuracy - (fp32.predict(X) == y).mean()) <= 0.005 and accuracy > 0.9
+    # without it, every step overflows and the scale collapses to its minimum
+    plain = make(**FP16, amp_max_consecutive_skips=None, grad_scaler__init_scale=256.0).fit(X, y)
+    assert plain.history[:, "skipped_steps"] == [8, 8, 8, 8]
+    assert plain.history[-1, "loss_scale"] == plain.grad_scaler_.get_settings()["min_scale"] == 1.0
+
+
+def test_the_probe_changes_nothing(data):
+    X, y = data
+    auto = make(**FP16, amp_fp32_modules="auto", max_epochs=2, iterator_train__shuffle=True).fit(X, y)
+    fixed = make(**FP16, amp_fp32_modules=["big"], max_epochs=2, iterator_train__shuffle=True).fit(X, y)
+    for a, b in zip(auto.module_.parameters(), fixed.module_.parameters()):
+        assert torch.equal(a, b)  # same weights, same shuffling: no weight or RNG change
+    assert auto.history[:, "train_loss"] == fixed.history[:, "train_loss"]
+    assert [set(row) for row in auto.history] == [set(row) for row in fixed.history]
+
+
+def test_choice_is_printed_once_and_not_reprobed(data, probes, capsys):
+    X, y = data
+    net = make(**FP16, amp_fp32_modules="auto", max_epochs=1, verbose=1).fit(X, y)
+    out = capsys.readouterr().out
+    assert out.count("amp_fp32_modules='auto': modules kept in float32") == 1 and "'big'" in out
+    net.partial_fit(X, y)
+    assert "amp_fp32_modules='auto'" not in capsys.readouterr().out
+    assert len(probes) == 1 and net.amp_layout_.auto_fp32_modules == ("big",)
+    net.fit(X, y)  # fit re-initializes the module: a new first fit
+    assert len(probes) == 2
+
+
+def test_auto_in_a_list_with_selectors(data):
+    net = make(**FP16, amp_fp32_modules=["out", "auto"], max_epochs=1).fit(*data)
+    assert net.amp_layout_.fp32_modules == ("out", "big") and net.amp_layout_.auto_fp32_modules == ("big",)
+    assert net.history[-1, "skipped_steps"] == 0
+
+
+def test_bfloat16_has_the_range_nothing_is_kept(data):
+    net = make(amp_enabled=True, amp_dtype="bfloat16", amp_fp32_modules="auto", max_epochs=1).fit(*data)
+    assert net.amp_layout_.auto_fp32_modules == () and net.amp_layout_.fp32_modules == ()
+
+
+def test_amp_off_does_not_probe(data, probes):
+    with pytest.warns(AmpWarning, match="amp_fp32_modules='auto' has no effect"):
+        net = make(amp_fp32_modules="auto", max_epochs=1).fit(*data)
+    assert probes == [] and net.amp_layout_.auto_fp32_modules is None
+
+
+def test_pure_level_stores_the_kept_layer_in_float32(data):
+    net = make(**FP16, amp_level="pure", amp_fp32_modules="auto", max_epochs=2).fit(*data)
+    dtypes = {n: p.dtype for n, p in net.module_.named_parameters()}
+    assert dtypes["big.weight"] == torch.float32 and dtypes["out.weight"] == torch.float16
+    assert set(net.amp_master_params_) == {"out.weight", "out.bias"}
+    # the optimizer steps the float32 layer and the masters
+    params = {id(p) for g in net.optimizer_.param_groups for p in g["params"]}
+    assert id(net.module_.big.weight) in params and id(net.amp_master_params_["out.weight"]) in params
+    assert net.history[-1, "skipped_steps"] == 0
+
+
+def test_pickle_keeps_the_choice(data, probes):
+    net = make(**FP16, amp_fp32_modules="auto", max_epochs=1).fit(*data)
+    copy_ = pickle.loads(pickle.dumps(net))
+    assert copy_.amp_layout_ == net.amp_layout_
+    copy_.partial_fit(*data)
+    assert len(probes) == 1 and copy_.history[-1, "skipped_steps"] == 0
+
+
+def test_saved_parameters_carry_the_choice_into_a_fresh_net(data, probes, tmp_path):
+    net = make(**FP16, amp_fp32_modules="auto", max_epochs=1).fit(*data)
+    net.save_params(f_params=tmp_path / "params.pt")
+    saved = torch.load(tmp_path / "params.pt", weights_only=True)
+    assert saved._metadata[""][METADATA_KEY] == ["big"]
+    fresh = make(**FP16, amp_fp32_modules="auto", max_epochs=1).initialize()
+    assert fresh.amp_layout_.auto_fp32_modules is None
+    fresh.load_params(f_params=tmp_path / "params.pt")
+    fresh.partial_fit(*data)
+    assert len(probes) == 1 and fresh.amp_layout_ == net.amp_layout_
+    # the plain module loads the file as usual
+    plain = Overflowing()
+    plain.load_state_dict(saved)
+
+
+def test_a_different_saved_choice_is_reported(data, tmp_path):
+    net = make(**FP16, amp_fp32_modules="auto", max_epochs=1).fit(*data)
+    state = net.module_.state_dict()
+    state._metadata[""][METADATA_KEY] = ["out"]
+    with pytest.warns(AmpWarning, match=r"trained with amp_fp32_modules='auto' keeping \['out'\] in float32; "
+                                        r"this net's probe kept \['big'\].*amp_fp32_modules=\['out'\]"):
+        net.module_.load_state_dict(state)
+    assert net.amp_layout_.fp32_modules == ("big",)
+
+
+def test_checkpoint_resume_is_bitexact(data, tmp_path):
+    X, y = data
+    X, y = X[:200], y[:200]
+    kw = dict(FP16, amp_fp32_modules="auto", iterator_train__shuffle=True)
+    whole = make(max_epochs=3, **kw).fit(X, y)
+    cp = Checkpoint(monitor=None, dirname=str(tmp_path / "cp"))
+    make(max_epochs=2, callbacks=[cp], **kw).fit(X, y)
+    resumed = make(max_epochs=1, callbacks=[LoadInitState(cp), cp], **kw).fit(X, y)
+    assert resumed.amp_layout_ == whole.amp_layout_ and len(resumed.history) == 3
+    for a, b in zip(whole.module_.parameters(), resumed.module_.parameters()):
+        assert torch.equal(a, b)
+    assert resumed.history[:, "train_loss"] == whole.history[:, "train_loss"]
+
+
+class FirstInput(Overflowing):
+    """Records the first input it computes on, and what callbacks saw."""
+
+    seen = None
+
+    def forward(self, X):
+        if FirstInput.seen is None:
+            FirstInput.seen = X.detach().clone()
+        return super().forward(X)
+
+
+def test_probe_runs_on_the_first_training_rows_before_any_callback(data):
+    from skorch.callbacks import Callback
+
+    layouts = []
+
+    class AtStart(Callback):
+        def on_train_begin(self, net, **kwargs):
+            layouts.append(net.amp_layout_.auto_fp32_modules)
+
+    X, y = data
+    FirstInput.seen = None
+    make(module=FirstInput, **FP16, amp_fp32_modules="auto", max_epochs=1, iterator_train__shuffle=True,
+         callbacks=[AtStart()]).fit(X, y)
+    torch.testing.assert_close(FirstInput.seen, torch.as_tensor(X[:50]))
+    assert layouts == [("big",)]
