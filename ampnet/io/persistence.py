@@ -68,7 +68,7 @@ from ampnet.io.rollback import (
     snapshot_module,
     snapshot_optimizer,
 )
-from ampnet.precision.scaler import validate_scaler_state
+from ampnet.precision.scaler_checks import validate_scaler_state
 from ampnet.io.schedulers import (
     dumps_lr_scheduler_states,
     plan_lr_schedulers,

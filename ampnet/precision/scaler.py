@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import copy
 import inspect
-import math
-from numbers import Integral, Real
 from typing import Any
 
 import torch
 
-from ampnet.validation import describe, is_bool
+from ampnet.precision.scaler_checks import (  # noqa: F401  (re-exported)
+    FLOAT32_MAX,
+    FLOAT32_TINY,
+    STATE_VERSION,
+    validate_scaler_settings,
+    validate_scaler_state,
+)
 
 __all__ = [
     "GradScaler", "validate_scaler_settings", "validate_scaler_state", "found_inf", "move_scaler",
@@ -28,192 +32,6 @@ LIVE_SETTINGS = (
     "max_scale",
     "hysteresis",
 )
-
-_STATE_VERSION = 1
-
-
-#: The scale is a float32 tensor: it must stay within float32's normal
-#: positive range, or it turns into 0 or inf.
-FLOAT32_TINY = float(torch.finfo(torch.float32).tiny)
-FLOAT32_MAX = float(torch.finfo(torch.float32).max)
-_RANGE = f"[{FLOAT32_TINY:.8g}, {FLOAT32_MAX:.8g}]"
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, Real) and not is_bool(value)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, Integral) and not is_bool(value)
-
-
-def _in_float32_range(value: Any) -> bool:
-    return _is_number(value) and math.isfinite(value) and FLOAT32_TINY <= value <= FLOAT32_MAX
-
-
-def _setting_problems(settings: dict[str, Any], prefix: str, quoted: bool = False) -> list[str]:
-    """One line per bad setting: ``{prefix}{name}={value} ({type}): {rule}``
-    (``'{name}' = ...`` when ``quoted``, for the fields of a state)."""
-    problems = []
-
-    def bad(name: str, rule: str) -> None:
-        label = f"'{name}' = " if quoted else f"{prefix}{name}="
-        problems.append(f"{label}{describe(settings[name])}: {rule}")
-
-    for name in ("init_scale", "min_scale", "max_scale"):
-        if name not in settings:
-            continue
-        value = settings[name]
-        if not (_is_number(value) and math.isfinite(value) and value > 0):
-            bad(name, "must be a finite number > 0, e.g. 65536.0")
-        elif not _in_float32_range(value):
-            bad(
-                name,
-                f"must lie within float32's normal positive range {_RANGE}, because the "
-                "scale is a float32 tensor (a smaller value becomes 0, a larger one inf); "
-                "e.g. 65536.0",
-            )
-    if "growth_factor" in settings:
-        value = settings["growth_factor"]
-        if not (_is_number(value) and math.isfinite(value) and value > 1):
-            bad("growth_factor", "must be a finite number > 1, e.g. 2.0")
-        elif value > FLOAT32_MAX:
-            bad("growth_factor", f"must be at most float32's largest value {FLOAT32_MAX:.8g}, e.g. 2.0")
-    if "backoff_factor" in settings:
-        value = settings["backoff_factor"]
-        if not (_is_number(value) and 0 < value < 1):
-            bad("backoff_factor", "must be a number in (0, 1), e.g. 0.5")
-        elif value < FLOAT32_TINY:
-            bad(
-                "backoff_factor",
-                f"must be at least float32's smallest normal value {FLOAT32_TINY:.8g}, e.g. 0.5",
-            )
-    for name in ("growth_interval", "hysteresis"):
-        if name in settings and not (_is_int(settings[name]) and settings[name] >= 1):
-            bad(name, "must be an int >= 1, e.g. 2000 for growth_interval, 1 for hysteresis")
-    for name in ("enabled", "dynamic"):
-        if name in settings and not is_bool(settings[name]):
-            bad(name, "must be True or False")
-    if not problems and _in_float32_range(settings.get("min_scale")) and _in_float32_range(
-        settings.get("max_scale")
-    ):
-        lo, hi = settings["min_scale"], settings["max_scale"]
-        p = "" if quoted else prefix
-        if lo > hi:
-            bad("min_scale", f"must not exceed {p}max_scale={hi!r}")
-        elif _in_float32_range(settings.get("init_scale")) and not lo <= settings["init_scale"] <= hi:
-            bad(
-                "init_scale",
-                f"must lie within [{p}min_scale, {p}max_scale] = [{lo!r}, {hi!r}]; "
-                "change init_scale or widen the bounds",
-            )
-    return problems
-
-
-def validate_scaler_settings(prefix: str = "grad_scaler__", **settings: Any) -> None:
-    """Check loss-scaler settings; raise one ValueError that lists every problem.
-
-    Only the settings passed are checked. ``prefix`` is put in front of each
-    name in the message, so that it names the parameter as the user set it.
-    ``init_scale``, ``min_scale`` and ``max_scale`` must lie within
-    float32's normal positive range, ``growth_factor`` must be at most
-    float32's largest value and ``backoff_factor`` at least its smallest
-    normal value, so that the scale (a float32 tensor) never becomes 0 or
-    inf. Booleans may be numpy booleans.
-
-    Raises
-    ------
-    ValueError
-      If any setting is out of range or of the wrong type.
-    """
-    problems = _setting_problems(settings, prefix)
-    if problems:
-        raise ValueError("Invalid loss-scaler settings:\n- " + "\n- ".join(problems))
-
-
-#: Entries of a scaler state_dict, with what each must hold (settings are
-#: checked as in validate_scaler_settings).
-_INT32_MAX = 2**31 - 1
-_TRACKERS = {
-    "_growth_tracker": "an int in [0, 2**31 - 1] (torch keeps it in an int32 tensor)",
-    "_overflow_streak": "an int >= 0",
-}
-_SETTINGS_IN_STATE = (
-    "growth_factor", "backoff_factor", "growth_interval", "min_scale", "max_scale",
-    "hysteresis", "dynamic",
-)
-
-
-def validate_scaler_state(state: Any, source: str = "the state dict") -> None:
-    """Check a scaler ``state_dict`` field by field before anything is
-    loaded from it.
-
-    Raises
-    ------
-    ValueError
-      Naming ``source`` and the field: not a dict, saved from a disabled
-      scaler, missing keys (a foreign file), a scale that is NaN, zero,
-      negative, infinite or outside float32's range, a setting or tracker of
-      the wrong type or out of range, or a newer format version.
-    """
-    if not isinstance(state, dict):
-        raise ValueError(
-            f"{source} does not hold a loss-scaler state: expected a dict, got "
-            f"{type(state).__name__}."
-        )
-    if not state:
-        raise ValueError(
-            f"{source} holds an empty loss-scaler state: it was saved from a disabled "
-            "scaler (AMP off, or bfloat16 without loss scaling) and cannot initialize "
-            "an enabled one. Fix: do not pass it, or load it into a net with the same "
-            "precision settings."
-        )
-    required = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
-    missing = [key for key in required if key not in state]
-    if missing:
-        raise ValueError(
-            f"{source} is not a loss-scaler state: keys {missing} are missing (found "
-            f"{sorted(map(str, state))[:8]}). Was another file (parameters, optimizer) "
-            "passed as f_grad_scaler?"
-        )
-    scale = state["scale"]
-    if isinstance(scale, torch.Tensor):
-        scale = scale.item() if scale.numel() == 1 and not scale.is_complex() else float("nan")
-    if not (_is_number(scale) and math.isfinite(scale) and scale > 0):
-        raise ValueError(
-            f"{source} has an invalid loss scale {scale!r}: the scale must be a finite "
-            "number > 0 (a NaN or zero scale would skip every step or write NaN into "
-            "the weights)."
-        )
-    problems = []
-    if not _in_float32_range(scale):
-        problems.append(
-            f"'scale' = {scale!r} lies outside float32's normal positive range {_RANGE} "
-            "(the scale is a float32 tensor)"
-        )
-    bad_keys = sorted(repr(k) for k in state if not isinstance(k, str))
-    if bad_keys:
-        problems.append(f"keys {bad_keys[:6]} are not strings")
-    settings = {k: state[k] for k in _SETTINGS_IN_STATE if k in state}
-    problems += _setting_problems(settings, "'", quoted=True)
-    for key, rule in _TRACKERS.items():
-        limit = _INT32_MAX if key == "_growth_tracker" else math.inf
-        if key in state and not (_is_int(state[key]) and 0 <= state[key] <= limit):
-            problems.append(f"'{key}' = {describe(state[key])} must be {rule}")
-    if "ampnet_scaler_version" in state:
-        version = state["ampnet_scaler_version"]
-        if not (_is_int(version) and version >= 1):
-            problems.append(f"'ampnet_scaler_version' = {describe(version)} must be an int >= 1")
-        elif version > _STATE_VERSION:
-            problems.append(
-                f"format version {version} is newer than this ampnet reads "
-                f"({_STATE_VERSION}); upgrade ampnet"
-            )
-    if problems:
-        raise ValueError(
-            f"{source} holds an invalid loss-scaler state: " + "; ".join(problems)
-            + ". Nothing was loaded."
-        )
 
 
 def found_inf(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> bool:
@@ -533,7 +351,7 @@ class GradScaler(torch.amp.GradScaler):
             hysteresis=self._hysteresis,
             dynamic=self._dynamic,
             _overflow_streak=self._overflow_streak,
-            ampnet_scaler_version=_STATE_VERSION,
+            ampnet_scaler_version=STATE_VERSION,
         )
         return state
 

@@ -18,7 +18,8 @@ import torch
 
 from ampnet.precision.policy import PrecisionPolicy, check_bool, resolve_precision
 from ampnet.validation import describe
-from ampnet.precision.scaler import GradScaler, validate_scaler_settings
+from ampnet.precision.scaler import GradScaler
+from ampnet.precision.scaler_checks import validate_scaler_settings
 from ampnet.precision.selectors import parse_selectors
 
 __all__ = ["PrecisionSettings", "read_settings", "PRECISION_PARAMS", "MEMORY_FORMATS", "MASTER_WEIGHTS"]
