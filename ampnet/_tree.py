@@ -8,7 +8,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-__all__ = ["map_tensors", "iter_tensors", "cast_floating", "has_nonfinite"]
+__all__ = ["map_tensors", "iter_tensors", "cast_floating", "has_nonfinite", "nonfinite_flag"]
 
 
 def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
@@ -43,6 +43,15 @@ _LOW = (torch.float16, torch.bfloat16)
 def cast_floating(obj: Any, dtype: torch.dtype, only: tuple = _LOW) -> Any:
     """Cast the tensors of ``obj`` whose dtype is in ``only`` to ``dtype``."""
     return map_tensors(obj, lambda t: t.to(dtype) if t.dtype in only and t.dtype != dtype else t)
+
+
+def nonfinite_flag(obj: Any) -> torch.Tensor | None:
+    """A boolean tensor, True when a floating tensor of ``obj`` holds NaN or
+    inf, computed without reading the device (None: no floating tensor)."""
+    flags = [(~torch.isfinite(t)).any() for t in iter_tensors(obj) if t.is_floating_point()]
+    if not flags:
+        return None
+    return torch.stack([f.to(flags[0].device) for f in flags]).any()
 
 
 def has_nonfinite(obj: Any) -> bool:

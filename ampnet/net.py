@@ -52,7 +52,7 @@ LAYOUT_PARAMS = frozenset({
 })
 
 #: Parameters whose change rebuilds the loss scaler (besides non-live ``grad_scaler__*``).
-SCALER_PARAMS = frozenset({"amp_enabled", "amp_dtype", "amp_level", "device", "grad_scaler"})
+SCALER_PARAMS = frozenset({"amp_enabled", "amp_dtype", "device", "grad_scaler"})
 
 
 class AmpNetMixin(PersistenceMixin, ConversionMixin):
@@ -149,6 +149,9 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
                 kwargs = {"grad_scaler__" + k: v for k, v in self.get_params_for("grad_scaler").items()}
                 if was_initialized and self.verbose and kwargs:
                     print(self._format_reinit_msg("grad_scaler", kwargs))
+                old, module = self.__dict__.get("precision_"), self.__dict__.get("module_")
+                if old is not None and isinstance(module, torch.nn.Module):
+                    old.detach(module)  # float32 again: skorch may reuse the instance
                 self.__dict__["precision_"] = Precision.build(settings)
             if "precision_" not in self.cuda_dependent_attributes_:
                 # pickled together with optimizer_, so that the masters stay
@@ -232,20 +235,54 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
             super().set_params(**others)
             self.__dict__.update(own)
             return self
+        # every check first: nothing has changed when one refuses
+        if "device" in kwargs:
+            check_device(kwargs["device"])
         params = self._precision_params(**kwargs)
-        settings = read_settings(params)  # raises before anything changes
+        settings = read_settings(params)
         steps.check_step_params(params)
-        saved = dict(self.__dict__)
+        new_optimizer = any(k.split("__")[0] in self._optimizers for k in kwargs)
+        if not (getattr(self, "_trimmed_for_prediction", False) or new_optimizer):
+            Precision(settings, self.precision_.scaler).check_optimizers(
+                [(n, getattr(self, n + "_")) for n in self._optimizers]
+            )
+        saved, restore_live = dict(self.__dict__), self._snapshot_live_objects()
         try:
             if others:
                 super().set_params(**others)
             self.__dict__.update(own)
             self._apply_precision(settings, sorted(kwargs))
         except BaseException:
+            restore_live()
             self.__dict__.clear()
             self.__dict__.update(saved)
             raise
         return self
+
+    def _snapshot_live_objects(self):
+        """Undo for what ``set_params`` changes in place rather than
+        replacing: the live scaler's settings and scale, and the optimizers'
+        hyper-parameters (skorch's virtual parameters such as ``lr``)."""
+        scaler = self.precision_.scaler
+        scaler_state = dict(vars(scaler))
+        scale = scaler._scale.clone() if isinstance(getattr(scaler, "_scale", None), torch.Tensor) else None
+        groups = [
+            (group, dict(group))
+            for name in self._optimizers
+            if isinstance(getattr(self, name + "_", None), torch.optim.Optimizer)
+            for group in getattr(self, name + "_").param_groups
+        ]
+
+        def restore() -> None:
+            vars(scaler).clear()
+            vars(scaler).update(scaler_state)
+            if scale is not None:
+                scaler._scale.copy_(scale)
+            for group, values in groups:
+                group.clear()
+                group.update(values)
+
+        return restore
 
     def _apply_precision(self, settings: Any, changed: list[str]) -> None:
         """Bring ``precision_`` in line with ``settings`` after ``changed``
@@ -354,7 +391,9 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         """
         if self.gradient_accumulation_steps > 1:
             loss = loss / self.gradient_accumulation_steps
-        self.precision_.backward(loss, self.__dict__.get("module_"))
+        # under DDP, gradients stay on the module until the step boundary,
+        # where DDP all-reduces them; then they move into the masters
+        self.precision_.backward(loss, self.__dict__.get("module_"), gather=self.parallel_.ddp is None)
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, closure: Any = None) -> Any:
         """Step one optimizer: the one place where ampnet steps optimizers.
@@ -460,6 +499,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         super().on_epoch_begin(net, dataset_train=dataset_train, dataset_valid=dataset_valid, **kwargs)
         state = self.amp_step_state_
         state.micro_batches, state.epoch_skips, state.stepped_epoch = 0, 0, set()
+        state.bad_input = None
         self.parallel_.begin_epoch(len(self.history))
 
     def on_epoch_end(self, net, dataset_train=None, dataset_valid=None, **kwargs):

@@ -22,7 +22,7 @@ from skorch import NeuralNet
 from skorch.callbacks import LRScheduler
 from skorch.utils import TeeGenerator
 
-from ampnet._tree import has_nonfinite
+from ampnet._tree import has_nonfinite, nonfinite_flag
 from ampnet.exceptions import AmpDivergenceError, AmpStateError, amp_warn
 from ampnet.validation import describe
 
@@ -55,6 +55,7 @@ class StepState:
     epoch_skips: int = 0
     nonfinite_inputs: int = 0  # skips in the current run of skips caused by bad data
     scale: float | None = None  # the loss scale after the last step, as last read
+    bad_input: Any = None  # on the device: an earlier micro-batch of this group held NaN/inf
     stepped_batch: frozenset = field(default_factory=frozenset)
     stepped_epoch: set = field(default_factory=set)
 
@@ -87,6 +88,11 @@ def train_step(net: Any, batch: Any, **fit_params: Any) -> dict[str, Any]:
     state.micro_batches += 1
     step = dict(step, loss=par.mean(step["loss"]))
     if not boundary:
+        if prec.scaling or prec.settings.skip_nonfinite:
+            # bad data is told apart from an overflow when the step is skipped
+            flag = nonfinite_flag(batch)
+            if flag is not None:
+                state.bad_input = flag if state.bad_input is None else state.bad_input | flag
         state.stepped_batch = frozenset()
         _record(net, skipped=False, boundary=False)
         return step
@@ -130,7 +136,8 @@ def train_step(net: Any, batch: Any, **fit_params: Any) -> dict[str, Any]:
 
     # 7. one scaler update, then the history; every rank skips together
     # (gradients are synchronized), so par.any runs on all ranks or none
-    bad_data = any(skipped) and par.any(has_nonfinite(batch))
+    earlier, state.bad_input = state.bad_input, None
+    bad_data = any(skipped) and par.any(has_nonfinite(batch) or (earlier is not None and bool(earlier)))
     if decision:
         prec.update(keep_scale=bad_data, scale_before=decision.scale_before)
         state.scale = decision.scale_before if bad_data else decision.scale

@@ -69,19 +69,28 @@ def test_cuda_without_cuda_is_an_error_not_a_fallback(device):
         resolve_precision(True, "auto", device)
 
 
+def _component(policy):
+    """The precision component of a net with this policy (default settings otherwise)."""
+    from ampnet.precision.component import Precision
+    from ampnet.precision.settings import PrecisionSettings
+
+    return Precision.build(PrecisionSettings(policy=policy))
+
+
 def test_disabled_policy_is_a_no_op():
     policy = resolve_precision(False, "bf16", "cpu")
     assert not policy.enabled and policy.compute_dtype is None and not policy.uses_scaler
     x = torch.ones(2, dtype=torch.bfloat16)
-    assert policy.convert_output(x) is x
-    with policy.autocast():
+    prec = _component(policy)
+    assert prec.convert_output(x) is x
+    with prec.forward_context():
         assert not torch.is_autocast_enabled("cpu")
 
 
 def test_disabled_policy_leaves_outer_autocast_alone():
     policy = resolve_precision(False, "auto", "cpu")
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        with policy.autocast():
+        with _component(policy).forward_context():
             assert torch.is_autocast_enabled("cpu")
 
 
@@ -92,7 +101,7 @@ def test_cpu_auto_is_bf16_without_scaler(monkeypatch):
     assert not policy.uses_scaler
     assert policy.notices == ()
     assert policy.name == "bfloat16 (mixed)"
-    with policy.autocast():
+    with _component(policy).forward_context():
         assert torch.is_autocast_enabled("cpu")
         assert torch.get_autocast_dtype("cpu") == torch.bfloat16
 
@@ -135,7 +144,7 @@ def test_bf16_on_old_gpu_is_an_error(monkeypatch):
 def test_convert_output_walks_containers():
     policy = PrecisionPolicy(True, "cpu", torch.bfloat16, False)
     Pair = collections.namedtuple("Pair", "a b")
-    out = policy.convert_output(
+    out = _component(policy).convert_output(
         {
             "x": torch.ones(2, dtype=torch.bfloat16),
             "y": [torch.ones(1, dtype=torch.float16), torch.ones(1, dtype=torch.int64)],

@@ -26,7 +26,7 @@ def make_step(scaler, overflow, param=None, opt=None):
         loss = loss * float("inf")
     scaler.scale(loss).backward()
     scaler.unscale_(opt)
-    skipped = scaler.found_inf(opt)
+    skipped = scaler.found_inf(opt)  # the method, which reads the device
     scaler.step(opt)
     scaler.update()
     return skipped, param, opt

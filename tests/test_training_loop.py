@@ -157,7 +157,7 @@ class TwoCriteriaNet(AmpNetClassifier):
 
     def get_loss(self, y_pred, y_true, X=None, training=False):
         loss = super().get_loss(y_pred, y_true, X=X, training=training)
-        with self.precision_policy_.autocast():
+        with self.precision_.forward_context():
             return loss + self.criterion2_(y_pred, torch.as_tensor(y_true))
 
 

@@ -68,6 +68,7 @@ from ampnet.io.rollback import (
     snapshot_module,
     snapshot_optimizer,
 )
+from ampnet.precision.compensated import drop_compensation
 from ampnet.precision.scaler_checks import validate_scaler_state
 from ampnet.io.schedulers import (
     dumps_lr_scheduler_states,
@@ -473,6 +474,10 @@ class PersistenceMixin:
                     if attr == "module_":
                         extra = tuple((getattr(self, "amp_master_params_", None) or {}).values())
                     snapshot = lambda obj=obj, extra=extra: snapshot_module(obj, extra)  # noqa: E731
+                    stale = self._stale_compensation(attr, files)
+                    if stale:
+                        modules.append(self._plan_module_without_compensation(obj, state, source, extra, stale))
+                        continue
                 elif isinstance(obj, torch.optim.Optimizer):
                     check_optimizer_state(obj, state, source, attr)
                     snapshot = lambda obj=obj: snapshot_optimizer(obj)  # noqa: E731
@@ -491,6 +496,29 @@ class PersistenceMixin:
         )
         # the RNG last: nothing after it may draw random numbers
         return [device_step, *modules, *late, *rng]
+
+    def _stale_compensation(self, attr: str, files: dict[str, Any]) -> list:
+        """Optimizers whose compensation buffers a load of ``attr`` alone
+        makes stale (weights replaced, optimizer state not)."""
+        precision = self.__dict__.get("precision_")
+        if attr != "module_" or "f_optimizer" in files or precision is None:
+            return []
+        if not precision.settings.compensated:
+            return []
+        optimizers = [getattr(self, n + "_", None) for n in self._optimizers]
+        return [o for o in optimizers if isinstance(o, torch.optim.Optimizer)]
+
+    def _plan_module_without_compensation(self, module, state, source, extra, optimizers) -> Step:
+        def apply() -> None:
+            module.load_state_dict(state)
+            for optimizer in optimizers:
+                drop_compensation(optimizer)
+
+        def snapshot() -> Callable[[], None]:
+            restores = [snapshot_module(module, extra), *map(snapshot_optimizer, optimizers)]
+            return lambda: [restore() for restore in restores] and None
+
+        return Step(source, apply, snapshot)
 
     def _plan_schedulers(self, data: dict[str, Any], source: str) -> Step:
         apply, notes, changed = plan_lr_schedulers(self, data, source)

@@ -225,6 +225,16 @@ def compensation_of(optimizers: Sequence[torch.optim.Optimizer]) -> dict[int, to
     return found
 
 
+def drop_compensation(optimizer: torch.optim.Optimizer) -> None:
+    """Give ``optimizer`` a new state without compensation buffers (the
+    weights were replaced: their old rounding residues no longer apply).
+    The old state object is left as it was, so a snapshot of it restores."""
+    new = type(optimizer.state)(dict) if hasattr(optimizer.state, "default_factory") else {}
+    for p, st in optimizer.state.items():
+        new[p] = {k: v for k, v in st.items() if k != KEY} if isinstance(st, dict) else st
+    optimizer.state = new
+
+
 def pop_compensation(optimizers: Sequence[torch.optim.Optimizer]) -> None:
     """Remove the compensation buffers from ``optimizers``' state."""
     for optimizer in optimizers:

@@ -151,7 +151,8 @@ class Precision:
         (``current``: the layout the module carries now, if any)."""
         settings = self.settings
         auto = self.auto_fp32
-        if auto is None and current is not None:
+        if auto is None and current is not None and current.dtype == settings.policy.compute_dtype:
+            # a probed choice holds for the dtype it was probed in
             auto = current.auto_fp32_modules
         return plan_layout(
             module_root(module), settings.policy, settings.fp32_modules, settings.amp_modules,
@@ -373,13 +374,15 @@ class Precision:
 
     # ---- backward and the step ---------------------------------------------
 
-    def backward(self, loss: torch.Tensor, module: Any) -> None:
+    def backward(self, loss: torch.Tensor, module: Any, gather: bool = True) -> None:
         """Backward of the (scaled) loss; gradients land where the optimizer
-        reads them (the float32 masters in ``'pure'``)."""
+        reads them (the float32 masters in ``'pure'``; with ``gather=False``
+        they stay on the module until :meth:`gather_grads`)."""
         if self.scaler.is_enabled():
             loss = self.scaler.scale(loss)
         loss.backward()
-        self.gather_grads(module)
+        if gather:
+            self.gather_grads(module)
 
     def gather_grads(self, module: Any) -> None:
         """Move low-precision gradients into the float32 masters (accumulating)."""

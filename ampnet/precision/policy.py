@@ -1,22 +1,20 @@
-"""The precision policy: every precision decision of a net, in one object.
+"""The precision policy: the resolved description of a net's precision.
 
-A :class:`PrecisionPolicy` is resolved once per ``initialize()`` from the
-net's ``amp_enabled``, ``amp_dtype``, ``amp_level`` and ``device``. The net
-asks it for the autocast context, whether loss scaling is used and how to
-convert outputs; nothing else in ampnet decides about dtypes.
+A :class:`PrecisionPolicy` is resolved from the net's ``amp_enabled``,
+``amp_dtype``, ``amp_level`` and ``device`` when the precision component
+(:class:`ampnet.precision.component.Precision`) is built; it is the
+read-only ``precision_policy_``. The component acts on it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import difflib
 import platform
 from dataclasses import dataclass, field
-from typing import Any, ContextManager
+from typing import Any
 
 import torch
 
-from ampnet._tree import cast_floating
 from ampnet.validation import describe, is_bool
 
 __all__ = [
@@ -164,25 +162,6 @@ class PrecisionPolicy:
             return "float32"
         return f"{dtype_name(self.compute_dtype)} ({self.level})"
 
-    def autocast(self) -> ContextManager[Any]:
-        """The autocast context for the forward pass and the loss.
-
-        With AMP off this is a no-op context (an autocast region the user
-        opened outside the net stays in force).
-        """
-        if not self.enabled:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device_type, dtype=self.compute_dtype)
-
-    def convert_output(self, obj: Any) -> Any:
-        """Cast floating low-precision tensors in ``obj`` to float32.
-
-        Walks tuples, lists and dicts; other objects are returned unchanged.
-        """
-        if not self.enabled:
-            return obj
-        return cast_floating(obj, torch.float32)
-
 
 def check_bool(name: str, value: Any) -> bool:
     """``value`` as a bool; Python and numpy booleans are accepted.
@@ -195,22 +174,6 @@ def check_bool(name: str, value: Any) -> bool:
     if is_bool(value):
         return bool(value)
     raise TypeError(f"{name} must be True or False; got {describe(value)}.")
-
-
-def _check_available(dev: torch.device, device: Any) -> None:
-    """Refuse a device type that this torch build or machine lacks (MPS,
-    XLA, XPU, ...): allocating an empty tensor there is the one test that
-    every backend answers."""
-    try:
-        torch.empty(0, device=dev)
-    except Exception as exc:  # each backend fails in its own way
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ValueError(
-            f"amp_enabled=True with device={describe(device)}, but the {dev.type!r} backend "
-            f"is not available on this machine ({reason}). ampnet never falls back to "
-            "float32 silently. Fix: set device='cpu' (bfloat16 autocast runs on CPU), or "
-            "run where that backend is installed."
-        ) from exc
 
 
 def resolve_precision(
@@ -288,7 +251,6 @@ def resolve_precision(
                 "is emulated and may be slower than float32."
             )
     else:
-        _check_available(dev, device)
         dtype = requested or (torch.float16 if dev.type == "mps" else torch.bfloat16)
     if not torch.amp.is_autocast_available(dev.type):
         raise ValueError(

@@ -2,7 +2,7 @@
 
 One forward and backward pass on a batch, recorded with temporary hooks;
 every change it makes to the net is undone. See
-:meth:`ampnet.precision_control.PrecisionControlMixin.precision_report`.
+:meth:`ampnet.conversion.ConversionMixin.precision_report`.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from ampnet.precision.scaler_checks import (  # noqa: F401  (re-exported)
 )
 
 __all__ = [
-    "GradScaler", "validate_scaler_settings", "validate_scaler_state", "found_inf", "move_scaler",
+    "GradScaler", "validate_scaler_settings", "validate_scaler_state", "move_scaler",
     "copy_to_device",
 ]
 
@@ -32,16 +32,6 @@ LIVE_SETTINGS = (
     "max_scale",
     "hysteresis",
 )
-
-
-def found_inf(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> bool:
-    """Whether ``scaler.unscale_(optimizer)`` found inf/NaN in this
-    optimizer's gradients during the current step (False for a disabled
-    scaler). Works for any :class:`torch.amp.GradScaler`."""
-    if not scaler.is_enabled():
-        return False
-    found = scaler._found_inf_per_device(optimizer)
-    return bool(sum(v.item() for v in found.values()))
 
 
 class GradScaler(torch.amp.GradScaler):

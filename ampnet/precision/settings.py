@@ -16,8 +16,8 @@ from typing import Any, Mapping
 
 import torch
 
-from ampnet.precision.policy import PrecisionPolicy, check_bool, resolve_precision
-from ampnet.validation import describe
+from ampnet.precision.policy import PrecisionPolicy, resolve_precision
+from ampnet.validation import describe, is_bool
 from ampnet.precision.scaler import GradScaler
 from ampnet.precision.scaler_checks import validate_scaler_settings
 from ampnet.precision.selectors import parse_selectors
@@ -83,7 +83,7 @@ def read_settings(params: Mapping[str, Any]) -> PrecisionSettings:
       valid choices and a fix.
     """
     skip = params.get("amp_skip_nonfinite", True)
-    if not _is_bool(skip):
+    if not is_bool(skip):
         raise ValueError(f"amp_skip_nonfinite must be True or False; got {describe(skip)}.")
     scaler = params.get("grad_scaler", GradScaler)
     if not (
@@ -102,7 +102,7 @@ def read_settings(params: Mapping[str, Any]) -> PrecisionSettings:
     )
     masters = params.get("amp_master_weights", True)
     compensated = isinstance(masters, str) and masters == "compensated"
-    if not (_is_bool(masters) or compensated):
+    if not (is_bool(masters) or compensated):
         raise TypeError(
             f"amp_master_weights must be True, False or 'compensated'; got {describe(masters)}. "
             "Fix: amp_master_weights=True (float32 masters, the default), False (the optimizer "
@@ -148,6 +148,13 @@ def read_settings(params: Mapping[str, Any]) -> PrecisionSettings:
         scaler_kwargs=kwargs,
         scaler_enabled=forced,
     )
+    ampnet_scaler = isinstance(scaler, GradScaler) or (isinstance(scaler, type) and issubclass(scaler, GradScaler))
+    if compensated and settings.uses_scaler and not ampnet_scaler:
+        raise ValueError(
+            "amp_master_weights='compensated' with float16 loss scaling unscales float16 "
+            "gradients in place, which torch.amp.GradScaler refuses. Fix: "
+            "grad_scaler=ampnet.GradScaler (the default), or amp_dtype='bfloat16'."
+        )
     if (policy.enabled and policy.level == "pure" and not settings.master_weights
             and not compensated and settings.uses_scaler):
         raise ValueError(
@@ -164,14 +171,6 @@ def read_settings(params: Mapping[str, Any]) -> PrecisionSettings:
             "with grad_scaler__enabled=True."
         )
     return settings
-
-
-def _is_bool(value: Any) -> bool:
-    try:
-        check_bool("", value)
-    except TypeError:
-        return False
-    return True
 
 
 def _scaler_kwargs(scaler: Any, params: Mapping[str, Any]) -> dict[str, Any]:
