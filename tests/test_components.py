@@ -191,6 +191,6 @@ def test_failed_initialize_leaves_the_net_uninitialized():
 def test_failed_reinitialize_leaves_initialized_false(images):
     net = make(amp_enabled=True, amp_dtype="bfloat16").fit(*images)
     net.module = "not a module"
-    with pytest.raises(Exception):
+    with pytest.raises(TypeError, match="'str' object is not callable"):
         net.initialize()
     assert net.initialized_ is False

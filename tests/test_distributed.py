@@ -170,3 +170,14 @@ def test_learnable_parameters_outside_module_with_ddp_are_an_error(monkeypatch):
 
     with pytest.raises(ValueError, match=r"extra_ also has learnable parameters"):
         WithExtra(MLP).initialize()
+
+
+@pytest.mark.parametrize("precision", ["pure", "compensated"])
+def test_accumulation_with_low_precision_weights_keeps_ranks_identical(tmp_path, precision):
+    """Under no_sync, gradients stay on the module until the boundary, where
+    DDP all-reduces them (then they move into the masters)."""
+    (r0, r1), _ = launch(tmp_path, world=2, batch=2, accum=2, precision=precision)
+    (single,), _ = launch(tmp_path, world=1, batch=4, accum=2, precision=precision)
+    for key, value in single["params"].items():
+        assert torch.equal(r0["params"][key], r1["params"][key]), key
+        torch.testing.assert_close(r0["params"][key].float(), value.float(), atol=2e-2, rtol=2e-2)
