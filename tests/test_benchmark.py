@@ -1,4 +1,4 @@
-"""CI-sized checks of ``python -m ampnet.benchmark``: the quick mode runs
+"""CI-sized checks of ``python -m ampnet_bench``: the quick mode runs
 in process and writes a well-formed report. No timing assertions: speed
 claims come from real benchmark runs, not from unit tests."""
 
@@ -9,11 +9,11 @@ import pytest
 import torch
 from skorch.dataset import Dataset
 
-from ampnet.benchmark import cli, runner
-from ampnet.benchmark.config import BenchConfig
-from ampnet.benchmark.contenders import CONTENDER_KEYS, TensorBatches
-from ampnet.benchmark.machine import load_warning
-from ampnet.benchmark.report import build_chart, to_markdown
+from ampnet_bench import cli, runner
+from ampnet_bench.config import BenchConfig
+from ampnet_bench.contenders import CONTENDER_KEYS, TensorBatches
+from ampnet_bench.machine import load_warning
+from ampnet_bench.report import build_chart, to_markdown
 
 
 def _positive(x):

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ampnet.benchmark.workloads import Workload, get_workload
+from ampnet_bench.workloads import Workload, get_workload
 
 __all__ = ["BenchConfig", "OPTIMIZERS", "BATCHING", "MEMORY_METHODS"]
 

@@ -8,12 +8,12 @@ import sys
 from types import MappingProxyType
 from typing import Any, Sequence
 
-from ampnet.benchmark.config import BATCHING, MEMORY_METHODS, OPTIMIZERS, BenchConfig
-from ampnet.benchmark.contenders import CONTENDER_KEYS
-from ampnet.benchmark.machine import load_warning, usable_cores
-from ampnet.benchmark.report import to_markdown, write_all
-from ampnet.benchmark.runner import run_benchmark
-from ampnet.benchmark.workloads import WORKLOAD_NAMES
+from ampnet_bench.config import BATCHING, MEMORY_METHODS, OPTIMIZERS, BenchConfig
+from ampnet_bench.contenders import CONTENDER_KEYS
+from ampnet_bench.machine import load_warning, usable_cores
+from ampnet_bench.report import to_markdown, write_all
+from ampnet_bench.runner import run_benchmark
+from ampnet_bench.workloads import WORKLOAD_NAMES
 
 __all__ = ["build_parser", "config_from_args", "main"]
 

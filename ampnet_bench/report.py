@@ -7,8 +7,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ampnet.benchmark.config import OPTIMIZERS
-from ampnet.benchmark.machine import RECOMMENDED_MALLOC_ENV, load_warning
+from ampnet_bench.config import OPTIMIZERS
+from ampnet_bench.machine import RECOMMENDED_MALLOC_ENV, load_warning
 
 __all__ = ["to_markdown", "write_json", "build_chart", "write_chart", "write_all"]
 
@@ -147,7 +147,7 @@ def to_markdown(results: dict[str, Any]) -> str:
     Parameters
     ----------
     results : dict
-      As returned by :func:`ampnet.benchmark.runner.run_benchmark`.
+      As returned by :func:`ampnet_bench.runner.run_benchmark`.
 
     Returns
     -------

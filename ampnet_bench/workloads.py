@@ -221,7 +221,7 @@ class Target:
     Attributes
     ----------
     comparison : str
-      Key of the comparison (see :data:`ampnet.benchmark.runner.COMPARISONS`).
+      Key of the comparison (see :data:`ampnet_bench.runner.COMPARISONS`).
 
     op : str
       ``'>='``, ``'<='``, ``'<'`` or ``'>'``.

@@ -1,7 +1,7 @@
 """Interleaved rounds of runs, per-round ratios and the results document.
 
 Within a workload, round ``r`` runs every contender once, in the order of
-:data:`ampnet.benchmark.contenders.CONTENDERS` on even rounds and in the
+:data:`ampnet_bench.contenders.CONTENDERS` on even rounds and in the
 reverse order on odd rounds (A B C, C B A, A B C, ...), so that no contender
 always runs first or right after the same neighbour.
 Each run builds a fresh model from the same seed, trains ``warmup +
@@ -21,17 +21,17 @@ from typing import Any, Callable
 
 import torch
 
-from ampnet.benchmark.config import BenchConfig
-from ampnet.benchmark.contenders import (
+from ampnet_bench.config import BenchConfig
+from ampnet_bench.contenders import (
     CONTENDERS,
     Contender,
     RunOutcome,
     run_contender,
     train_reference_weights,
 )
-from ampnet.benchmark.machine import describe_machine
-from ampnet.benchmark.memory import MemoryMeter, MemoryReading, describe_method, probe_in_subprocess
-from ampnet.benchmark.workloads import Workload
+from ampnet_bench.machine import describe_machine
+from ampnet_bench.memory import MemoryMeter, MemoryReading, describe_method, probe_in_subprocess
+from ampnet_bench.workloads import Workload
 
 __all__ = ["Comparison", "COMPARISONS", "SCHEMA_VERSION", "run_benchmark", "run_workload"]
 

@@ -35,8 +35,8 @@ from skorch.dataset import Dataset
 from torch import nn
 
 from ampnet import AmpNetClassifier
-from ampnet.benchmark.config import BenchConfig
-from ampnet.benchmark.workloads import Data, Workload
+from ampnet_bench.config import BenchConfig
+from ampnet_bench.workloads import Data, Workload
 
 __all__ = [
     "Contender",
