@@ -406,8 +406,14 @@ def _accelerated_net(cfg: BenchConfig, params: dict[str, Any]) -> NeuralNetClass
 
     mixed = "bf16" if cfg.torch_dtype == torch.bfloat16 else "fp16"
     accelerator = Accelerator(mixed_precision=mixed, cpu=cfg.device_type == "cpu")
+    # device: the accelerator places the module; AccelerateMixin gives PrintLog a sink, which
+    # makes it print despite verbose=0: a sink that prints nothing (printing only)
     params = {**params, "device": None}
-    return AcceleratedNet(accelerator=accelerator, **params)
+    return AcceleratedNet(accelerator=accelerator, callbacks__print_log__sink=_no_print, **params)
+
+
+def _no_print(*args: Any, **kwargs: Any) -> None:
+    return None
 
 
 def _state_bytes(module: nn.Module, optimizers: list[torch.optim.Optimizer]) -> dict[str, Any]:
