@@ -1,23 +1,34 @@
-"""CI-sized checks of ``python -m ampnet.benchmark``: the quick mode runs
+"""CI-sized checks of ``python -m ampnet_bench``: the quick mode runs
 in process and writes a well-formed report. No timing assertions: speed
 claims come from real benchmark runs, not from unit tests."""
 
+import importlib.util
 import json
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
 from skorch.dataset import Dataset
 
-from ampnet.benchmark import cli, runner
-from ampnet.benchmark.config import BenchConfig
-from ampnet.benchmark.contenders import CONTENDER_KEYS, TensorBatches
-from ampnet.benchmark.machine import load_warning
-from ampnet.benchmark.report import build_chart, to_markdown
+import ampnet
+from ampnet_bench import cli, runner
+from ampnet_bench.config import BenchConfig
+from ampnet_bench.contenders import CONTENDER_KEYS, TensorBatches
+from ampnet_bench.machine import load_warning
+from ampnet_bench.report import build_chart, to_markdown
+
+
+_PEER_MODULES = {"skorch-accelerate": "accelerate", "lightning": "lightning"}
 
 
 def _positive(x):
     return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+def by_key(w, key):
+    return next(c for c in w["contenders"] if c["key"] == key)
 
 
 def _check_results(results, workloads, rounds):
@@ -31,6 +42,13 @@ def _check_results(results, workloads, rounds):
         assert w["contenders"], w["name"]
         assert w["reference"] == "raw-fp32"
         for c in w["contenders"]:
+            if c["key"] in _PEER_MODULES and importlib.util.find_spec(_PEER_MODULES[c["key"]]) is None:
+                # optional extra "bench" not installed: reported, not fatal
+                assert not c["available"] and "No module named" in c["error"]
+                continue
+            if c["key"] == "lightning" and w["name"] == "predict":
+                assert not c["available"] and "times training only" in c["error"]
+                continue
             assert c["available"], (w["name"], c["key"], c["error"])
             assert len(c["round_times_s"]) == rounds
             assert all(_positive(t) for t in c["round_times_s"])
@@ -42,9 +60,20 @@ def _check_results(results, workloads, rounds):
             assert 0.0 <= c["accuracy"] <= 1.0
             assert math.isfinite(c["final_loss"]) and c["final_loss"] >= 0
             assert c["memory"] is not None and _positive(c["memory"]["peak_mb"])
+            if w["task"] == "train":
+                state = c["state_bytes"]
+                assert state["total"] == sum(state[k] for k in (
+                    "parameters", "gradients", "master_weights", "compensation", "optimizer_state"))
+                assert c["loss_vs_fp32"] == pytest.approx(c["final_loss"] / by_key(w, "raw-fp32")["final_loss"])
+            else:
+                assert c["state_bytes"] is None
         assert w["comparisons"]
+        aa = w["aa_control"]
+        assert aa["a"] == "raw-amp" and aa["b"] == "raw-amp-aa" and aa["spread"] >= 0
         for comp in w["comparisons"]:
-            assert _positive(comp["median"]), comp
+            if comp["median"] is None:  # a contender of it could not run
+                continue
+            assert comp["verdict"] == runner.verdict(comp["median"], aa["spread"])
             assert comp["min"] <= comp["median"] <= comp["max"]
             # --quick runs tiny sizes: no speed target is checked
             assert comp["target"] is None and comp["met"] is None
@@ -53,7 +82,7 @@ def _check_results(results, workloads, rounds):
 def test_quick_benchmark_writes_report(tmp_path, capsys):
     out = tmp_path / "bench"
     rc = cli.main([
-        "--quick", "--workload", "mlp", "predict", "--threads", "1",
+        "--quick", "--workload", "mlp", "predict", "--threads", "1", "--optimizer", "adamw",
         "--rounds", "2", "--n-samples", "512", "--out", str(out),
     ])
     assert rc == 0
@@ -68,6 +97,14 @@ def test_quick_benchmark_writes_report(tmp_path, capsys):
     _check_results(results, ["mlp", "predict"], rounds=2)
     keys = [c["key"] for c in results["workloads"][0]["contenders"]]
     assert keys == list(CONTENDER_KEYS)
+    mlp = results["workloads"][0]
+    # compensated pure stores bf16 weights and bf16 compensation, no float32 masters: less state
+    comp, mixed = by_key(mlp, "ampnet-pure-comp"), by_key(mlp, "ampnet-mixed")
+    assert comp["state_bytes"]["compensation"] > 0 and comp["state_bytes"]["master_weights"] == 0
+    assert comp["state_bytes"]["parameters"] * 2 == mixed["state_bytes"]["parameters"]
+    assert comp["state_bytes"]["total"] < mixed["state_bytes"]["total"]
+    assert comp["param_dtypes"] == ["bfloat16"] and mixed["param_dtypes"] == ["float32"]
+    assert "A/A control: raw-amp and raw-amp-aa" in stdout and "| Verdict |" in stdout
     # every contender's settings act (AMP settings only on the AMP contenders)
     assert not [w for wl in results["workloads"] for c in wl["contenders"] for w in c["warnings"]
                 if "no effect" in w]
@@ -85,10 +122,13 @@ def _check_chart(fig, results):
     assert len(panels) == len(results["workloads"])
     for ax, w in zip(panels, results["workloads"]):
         bars = {round(r.get_y() + r.get_height() / 2): r.get_width() for r in ax.patches}
-        labels = {round(t.get_position()[1]): t.get_text().strip() for t in ax.texts}
+        labels = {round(t.get_position()[1]): t.get_text().strip() for t in ax.texts
+                  if t.get_text() != "not available"}
         names = [t.get_text() for t in ax.get_yticklabels()]
         contenders = {c["key"]: c for c in w["contenders"]}
-        assert sorted(bars) == sorted(labels) == list(range(len(names)))
+        available = {c["key"] for c in w["contenders"] if c["available"]}
+        assert sorted(bars) == sorted(labels)
+        assert {names[y] for y in bars} == available and len(names) == len(w["contenders"])
         for y, width in bars.items():
             value, unit = labels[y].split()
             assert unit == "ms"
@@ -226,3 +266,83 @@ def test_tensor_batches_cover_every_row_once():
 def test_cli_rejects_unknown_contender():
     with pytest.raises(SystemExit):
         cli.main(["--contenders", "raw-fp32,nope"])
+
+
+@pytest.mark.parametrize("median, spread, expected", [
+    (1.04, 0.05, "within noise"), (1 / 1.04, 0.05, "within noise"), (1.06, 0.05, "differs"),
+    (0.90, 0.05, "differs"), (1.0, 0.0, "within noise"), (1.2, None, None), (None, 0.1, None),
+])
+def test_verdict_refuses_differences_inside_the_aa_spread(median, spread, expected):
+    assert runner.verdict(median, spread) == expected
+
+
+def _records(times):
+    records = {}
+    for key, rounds in times.items():
+        rec = runner._Record(next(c for c in runner.CONTENDERS if c.key == key))
+        rec.round_times = list(rounds)
+        records[key] = rec
+    return records
+
+
+def test_aa_control_and_fastest_peer():
+    records = _records({
+        "raw-amp": [1.0, 1.0, 1.0], "raw-amp-aa": [1.1, 0.95, 1.0],
+        "lightning": [0.9, 1.2, None], "ampnet-pure-comp-fused": [0.6, 0.8, 0.5],
+    })
+    aa = runner.aa_control(records, 3)
+    assert aa["per_round"] == pytest.approx([1 / 1.1, 1 / 0.95, 1.0])
+    assert aa["spread"] == pytest.approx(0.1)  # 1.1 / 1.0: the largest deviation
+    wl = BenchConfig(workloads=("mlp",)).workload("mlp")
+    comps = {c["key"]: c for c in runner._comparisons(records, wl, 3, spread=aa["spread"])}
+    best = comps["pure_comp_fused_vs_fastest_peer"]
+    # per round: the fastest of the peers that ran (0.9, 1.0, 1.0) over ampnet's time
+    assert best["per_round"] == pytest.approx([0.9 / 0.6, 1.0 / 0.8, 1.0 / 0.5])
+    assert best["median"] == pytest.approx(1.5) and best["verdict"] == "differs"
+    assert best["target"] == ">= 1.15" and best["met"] is True
+    assert "lightning_vs_raw_amp" in comps and "accelerate_vs_raw_amp" not in comps
+    assert runner.aa_control(_records({"raw-amp": [1.0]}), 1) is None
+
+
+def test_process_isolation_runs_each_round_in_a_fresh_process(monkeypatch):
+    calls = []
+    real = runner.run_in_subprocess
+
+    def spy(cfg, workload, contender, weights=None):
+        calls.append(contender)
+        return real(cfg, workload, contender, weights)
+
+    monkeypatch.setattr(runner, "run_in_subprocess", spy)
+    monkeypatch.setattr(runner, "run_contender", None)  # nothing runs in this process
+    cfg = BenchConfig(workloads=("overhead",), quick=True, rounds=1, epochs=1, warmup=0,
+                      n_samples=256, batching="tensors", isolation="process",
+                      contenders=("raw-amp", "raw-amp-aa"))
+    assert cfg.memory_method == "subprocess"
+    w = runner.run_benchmark(cfg, log=lambda msg: None)["workloads"][0]
+    assert calls == ["raw-amp", "raw-amp-aa"]
+    for c in w["contenders"]:
+        assert c["available"], c["error"]
+        assert c["memory"]["method"] == "rss_hwm" and _positive(c["memory"]["peak_mb"])
+        assert c["state_bytes"]["optimizer_state"] > 0  # SGD momentum buffers
+    assert w["aa_control"]["spread"] >= 0
+    assert "fresh Python process" in " ".join(w["notes"])
+
+
+def test_worker_error_is_reported_not_fatal():
+    cfg = BenchConfig(workloads=("overhead",), quick=True, rounds=1, epochs=1, warmup=0,
+                      n_samples=256, batching="tensors", isolation="process",
+                      contenders=("ampnet-pure-comp-fused",))  # SGD: torch's fused CPU SGD refused
+    pure = runner.run_benchmark(cfg, log=lambda msg: None)["workloads"][0]["contenders"][0]
+    assert not pure["available"] and pure["error"].startswith(("ValueError", "TypeError"))
+    assert "fused" in pure["error"]
+
+
+def test_benchmark_is_not_part_of_the_core_package():
+    code = ("import sys, ampnet; from ampnet import AmpNetClassifier; "
+            "print(sorted(m for m in sys.modules if m.startswith(('ampnet_bench', 'ampnet.benchmark'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+    help_text = subprocess.run([sys.executable, "-m", "ampnet.benchmark", "--help"],
+                               capture_output=True, text=True, check=True).stdout
+    assert help_text.startswith("usage: python -m ampnet.benchmark")
+    assert "--isolation" in help_text

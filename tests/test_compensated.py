@@ -13,8 +13,8 @@ from sklearn.base import clone
 from skorch.callbacks import Callback, GradientNormClipping
 
 from ampnet import AmpNetClassifier, AmpNetRegressor, AmpWarning
-from ampnet.benchmark.workloads import MLP as BenchMLP
-from ampnet.benchmark.workloads import _cluster_data
+from ampnet_bench.workloads import MLP as BenchMLP
+from ampnet_bench.workloads import _cluster_data
 from ampnet.callbacks.checkpoint import Checkpoint, LoadInitState
 from ampnet.precision.compensated import KEY
 

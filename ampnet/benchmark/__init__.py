@@ -1,20 +1,13 @@
-"""Benchmark of ampnet against a hand-written PyTorch loop and skorch.
+"""``python -m ampnet.benchmark``: the benchmark lives in the separate
+top-level package :mod:`ampnet_bench` (installed with ampnet), so that
+``import ampnet`` loads no benchmark code. This module only forwards to it."""
 
-Run ``python -m ampnet.benchmark --help``. Modules:
 
-- :mod:`~ampnet.benchmark.workloads`: models and synthetic data;
-- :mod:`~ampnet.benchmark.contenders`: the raw loop, skorch and AmpNet runs;
-- :mod:`~ampnet.benchmark.runner`: interleaved rounds and per-round ratios;
-- :mod:`~ampnet.benchmark.memory`: peak-memory measurement;
-- :mod:`~ampnet.benchmark.report`: Markdown, JSON and PNG output;
-- :mod:`~ampnet.benchmark.cli`: the command line.
+def main(argv=None) -> int:
+    """Run the benchmark (see :func:`ampnet_bench.cli.main`)."""
+    from ampnet_bench.cli import main as bench_main
 
-The memory-probe subprocess entry point, :mod:`ampnet.benchmark.memprobe`,
-is deliberately not imported here.
-"""
+    return bench_main(argv)
 
-from ampnet.benchmark.cli import main
-from ampnet.benchmark.config import BenchConfig
-from ampnet.benchmark.runner import run_benchmark
 
-__all__ = ["main", "BenchConfig", "run_benchmark"]
+__all__ = ["main"]

@@ -1,6 +1,6 @@
-"""``python -m ampnet.benchmark``: see :mod:`ampnet.benchmark.cli`."""
+"""``python -m ampnet.benchmark``: see :mod:`ampnet_bench.cli`."""
 
-from ampnet.benchmark.cli import main
+from ampnet.benchmark import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -1,19 +1,29 @@
 """Interleaved rounds of runs, per-round ratios and the results document.
 
-Within a workload, round ``r`` runs every contender once, in the order of
-:data:`ampnet.benchmark.contenders.CONTENDERS` on even rounds and in the
+Within a workload, round ``r`` runs every contender once (by default each
+run in a fresh Python process, see :mod:`ampnet_bench.worker`), in the order of
+:data:`ampnet_bench.contenders.CONTENDERS` on even rounds and in the
 reverse order on odd rounds (A B C, C B A, A B C, ...), so that no contender
 always runs first or right after the same neighbour.
 Each run builds a fresh model from the same seed, trains ``warmup +
 epochs`` epochs and keeps the median of the measured epochs as that
 round's time. Ratios are computed inside each round (so slow drifts of the
 machine cancel) and summarized by their median over rounds.
+
+The A/A control runs one contender twice under two keys (``raw-amp`` and
+``raw-amp-aa``): their per-round ratio would be 1 on a noiseless machine.
+Its largest deviation over the rounds is the *A/A spread*; a comparison
+whose median differs from 1 by no more than that is reported "within
+noise", never as a difference.
 """
 
 from __future__ import annotations
 
 import gc
+import math
+import os
 import statistics
+import tempfile
 import sys
 import time
 from dataclasses import dataclass, field
@@ -21,22 +31,30 @@ from typing import Any, Callable
 
 import torch
 
-from ampnet.benchmark.config import BenchConfig
-from ampnet.benchmark.contenders import (
+from ampnet_bench.config import BenchConfig
+from ampnet_bench.contenders import (
     CONTENDERS,
     Contender,
     RunOutcome,
     run_contender,
     train_reference_weights,
 )
-from ampnet.benchmark.machine import describe_machine
-from ampnet.benchmark.memory import MemoryMeter, MemoryReading, describe_method, probe_in_subprocess
-from ampnet.benchmark.workloads import Workload
+from ampnet_bench.machine import describe_machine
+from ampnet_bench.memory import MemoryMeter, MemoryReading, describe_method, probe_in_subprocess
+from ampnet_bench.workloads import Workload
+from ampnet_bench.worker import run_in_subprocess
 
-__all__ = ["Comparison", "COMPARISONS", "SCHEMA_VERSION", "run_benchmark", "run_workload"]
+__all__ = ["AA_PAIR", "Comparison", "COMPARISONS", "PEERS", "SCHEMA_VERSION", "aa_control", "run_benchmark",
+           "run_workload", "verdict"]
 
 #: Version of the JSON results layout.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+
+#: The A/A control: the same contender under two keys.
+AA_PAIR = ("raw-amp", "raw-amp-aa")
+
+#: The peers in their default configuration (time of the fastest per round).
+PEERS = ("raw-amp", "skorch-accelerate", "lightning")
 
 Logger = Callable[[str], None]
 
@@ -54,7 +72,8 @@ class Comparison:
       Description for the report.
 
     a, b : str
-      Contender keys.
+      Contender keys; ``b`` may be a tuple of keys, whose fastest time in
+      each round is used.
 
     kind : str
       ``'speedup'``: time(b) / time(a), how many times faster ``a`` is;
@@ -64,7 +83,7 @@ class Comparison:
     key: str
     label: str
     a: str
-    b: str
+    b: str | tuple[str, ...]
     kind: str
 
     def value(self, time_a: float, time_b: float) -> float:
@@ -86,6 +105,22 @@ COMPARISONS: tuple[Comparison, ...] = (
     Comparison("pure_vs_mixed", "AmpNet pure time / AmpNet mixed time", "ampnet-pure", "ampnet-mixed", "time_ratio"),
     Comparison("pure_nomw_vs_mixed", "AmpNet pure without master weights time / AmpNet mixed time",
                "ampnet-pure-nomw", "ampnet-mixed", "time_ratio"),
+    Comparison("pure_comp_vs_mixed", "AmpNet pure compensated time / AmpNet mixed time",
+               "ampnet-pure-comp", "ampnet-mixed", "time_ratio"),
+    Comparison("pure_comp_fused_vs_mixed", "AmpNet pure compensated, fused optimizer time / AmpNet mixed time",
+               "ampnet-pure-comp-fused", "ampnet-mixed", "time_ratio"),
+    Comparison("mixed_fused_vs_mixed", "AmpNet mixed, fused optimizer time / AmpNet mixed time",
+               "ampnet-mixed-fused", "ampnet-mixed", "time_ratio"),
+    Comparison("accelerate_vs_raw_amp", "skorch + accelerate time / PyTorch AMP loop time",
+               "skorch-accelerate", "raw-amp", "time_ratio"),
+    Comparison("lightning_vs_raw_amp", "Lightning time / PyTorch AMP loop time",
+               "lightning", "raw-amp", "time_ratio"),
+    Comparison("pure_comp_fused_vs_fastest_peer",
+               "AmpNet pure compensated, fused: speed-up over the fastest peer (AMP loop, skorch + accelerate, Lightning)",
+               "ampnet-pure-comp-fused", PEERS, "speedup"),
+    Comparison("mixed_fused_vs_fastest_peer",
+               "AmpNet mixed, fused: speed-up over the fastest peer (AMP loop, skorch + accelerate, Lightning)",
+               "ampnet-mixed-fused", PEERS, "speedup"),
 )
 
 
@@ -125,9 +160,24 @@ def _memory_summary(readings: list[MemoryReading]) -> dict[str, Any] | None:
     }
 
 
+def _final_loss(rec: _Record | None) -> float | None:
+    if rec is None or not rec.outcomes:
+        return None
+    return _median([o.final_loss for o in rec.outcomes])
+
+
+def _loss_ratio(rec: _Record, other: _Record | None) -> float | None:
+    mine, theirs = _final_loss(rec), _final_loss(other)
+    if mine is None or not theirs or not math.isfinite(mine) or not math.isfinite(theirs):
+        return None
+    return mine / theirs
+
+
 def _contender_summary(
-    rec: _Record, wl: Workload, ref: _Record | None, n_rounds: int
+    rec: _Record, wl: Workload, ref: _Record | None, n_rounds: int,
+    records: dict[str, _Record] | None = None,
 ) -> dict[str, Any]:
+    records = records or {}
     c = rec.contender
     times = [t for t in rec.round_times if t is not None]
     all_epochs = [t for o in rec.outcomes for t in o.epoch_times]
@@ -170,7 +220,10 @@ def _contender_summary(
             "per_round": ratios,
         },
         "memory": _memory_summary(rec.memory),
-        "final_loss": _median([o.final_loss for o in rec.outcomes]),
+        "final_loss": _final_loss(rec),
+        "loss_vs_fp32": _loss_ratio(rec, records.get("raw-fp32")),
+        "loss_vs_raw_amp": _loss_ratio(rec, records.get("raw-amp")),
+        "state_bytes": next((o.state_bytes for o in reversed(rec.outcomes) if o.state_bytes), None),
         "accuracy": _median([o.accuracy for o in rec.outcomes]),
         "param_dtypes": rec.outcomes[-1].param_dtypes if rec.outcomes else None,
         "warnings": list(dict.fromkeys(w for o in rec.outcomes for w in o.warnings)),
@@ -178,20 +231,62 @@ def _contender_summary(
     }
 
 
+def _round_time(rec: _Record | None, r: int) -> float | None:
+    if rec is None or r >= len(rec.round_times):
+        return None
+    return rec.round_times[r]
+
+
+def _round_times(records: dict[str, _Record], keys: str | tuple[str, ...], r: int) -> float | None:
+    """A contender's time in round ``r``; for several keys the fastest of
+    those that ran (None if none ran)."""
+    if isinstance(keys, str):
+        return _round_time(records.get(keys), r)
+    times = [t for t in (_round_time(records.get(k), r) for k in keys) if t]
+    return min(times) if times else None
+
+
+def aa_control(records: dict[str, _Record], n_rounds: int) -> dict[str, Any] | None:
+    """The A/A control: per-round time ratios of the two copies of the same
+    contender, their median, and the spread (largest deviation from 1 over
+    the rounds, as a fraction). None unless both copies ran."""
+    a, b = AA_PAIR
+    if a not in records or b not in records:
+        return None
+    per_round = []
+    for r in range(n_rounds):
+        ta, tb = _round_time(records[a], r), _round_time(records[b], r)
+        per_round.append(ta / tb if ta and tb else None)
+    values = [v for v in per_round if v is not None]
+    if not values:
+        return None
+    spread = max(math.exp(abs(math.log(v))) - 1.0 for v in values)
+    return {"a": a, "b": b, "per_round": per_round, "median": _median(values), "spread": spread}
+
+
+def verdict(median: float | None, spread: float | None) -> str | None:
+    """``'within noise'`` when ``median`` differs from 1 by no more than the
+    A/A ``spread`` (compared as ratios: 1.05 and 1/1.05 are the same
+    distance), else ``'differs'``; None without a median or a spread."""
+    if median is None or spread is None or median <= 0:
+        return None
+    return "within noise" if abs(math.log(median)) <= math.log1p(spread) else "differs"
+
+
 def _comparisons(
-    records: dict[str, _Record], wl: Workload, n_rounds: int, quick: bool = False
+    records: dict[str, _Record], wl: Workload, n_rounds: int, quick: bool = False,
+    spread: float | None = None,
 ) -> list[dict[str, Any]]:
     # quick mode runs tiny sizes: a speed target says nothing about them
     targets = {} if quick else {t.comparison: t for t in wl.targets}
     out = []
     for comp in COMPARISONS:
-        a, b = records.get(comp.a), records.get(comp.b)
-        if a is None or b is None:
+        b_keys = (comp.b,) if isinstance(comp.b, str) else comp.b
+        if comp.a not in records or not any(k in records for k in b_keys):
             continue
         per_round: list[float | None] = []
         for r in range(n_rounds):
-            ta = a.round_times[r] if r < len(a.round_times) else None
-            tb = b.round_times[r] if r < len(b.round_times) else None
+            ta, tb = _round_times(records, comp.a, r), _round_times(records, comp.b, r)
             per_round.append(comp.value(ta, tb) if ta and tb else None)
         values = [v for v in per_round if v is not None]
         median = _median(values)
@@ -202,11 +297,12 @@ def _comparisons(
                 "label": comp.label,
                 "kind": comp.kind,
                 "a": comp.a,
-                "b": comp.b,
+                "b": comp.b if isinstance(comp.b, str) else list(comp.b),
                 "median": median,
                 "min": min(values) if values else None,
                 "max": max(values) if values else None,
                 "per_round": per_round,
+                "verdict": verdict(median, spread),
                 "target": target.text() if target else None,
                 "met": (target.met(median) if target and median is not None else None),
             }
@@ -263,28 +359,43 @@ def run_workload(
     contenders = _selected(cfg)
     records = {c.key: _Record(c) for c in contenders}
     memory = cfg.memory_method
-    for r in range(cfg.rounds):
-        for c in contenders if r % 2 == 0 else contenders[::-1]:
-            rec = records[c.key]
-            if rec.error is not None:
-                rec.round_times.append(None)
-                continue
-            gc.collect()
-            meter = MemoryMeter(cfg.device) if memory == "inprocess" else None
-            try:
-                outcome = run_contender(c, wl, data, cfg, weights=weights, meter=meter)
-            except Exception as exc:  # a contender that cannot run is reported, not fatal
-                rec.error = f"{type(exc).__name__}: {exc}"
-                rec.round_times.append(None)
-                log(f"[{wl.name}] round {r + 1}/{cfg.rounds} {c.key}: not available ({rec.error})")
-                continue
-            seconds = statistics.median(outcome.epoch_times)
-            rec.round_times.append(seconds)
-            rec.outcomes.append(outcome)
-            if meter is not None and meter.reading is not None:
-                rec.memory.append(meter.reading)
-            log(f"[{wl.name}] round {r + 1}/{cfg.rounds} {c.key}: {seconds * 1000:.1f} ms")
-    if memory == "subprocess":
+    isolated = cfg.isolation_method == "process"
+    weights_file = None
+    if isolated and weights is not None:
+        fd, weights_file = tempfile.mkstemp(suffix=".pt", prefix="ampnet-bench-")
+        os.close(fd)
+        torch.save(weights, weights_file)
+    try:
+        for r in range(cfg.rounds):
+            for c in contenders if r % 2 == 0 else contenders[::-1]:
+                rec = records[c.key]
+                if rec.error is not None:
+                    rec.round_times.append(None)
+                    continue
+                gc.collect()
+                meter = MemoryMeter(cfg.device) if memory == "inprocess" and not isolated else None
+                reading = None
+                try:
+                    if isolated:
+                        outcome, reading = run_in_subprocess(cfg, wl.name, c.key, weights_file)
+                    else:
+                        outcome = run_contender(c, wl, data, cfg, weights=weights, meter=meter)
+                        reading = meter.reading if meter is not None else None
+                except Exception as exc:  # a contender that cannot run is reported, not fatal
+                    rec.error = str(exc) if isolated else f"{type(exc).__name__}: {exc}"
+                    rec.round_times.append(None)
+                    log(f"[{wl.name}] round {r + 1}/{cfg.rounds} {c.key}: not available ({rec.error})")
+                    continue
+                seconds = statistics.median(outcome.epoch_times)
+                rec.round_times.append(seconds)
+                rec.outcomes.append(outcome)
+                if reading is not None and memory != "off":
+                    rec.memory.append(reading)
+                log(f"[{wl.name}] round {r + 1}/{cfg.rounds} {c.key}: {seconds * 1000:.1f} ms")
+    finally:
+        if weights_file is not None:
+            os.unlink(weights_file)
+    if memory == "subprocess" and not isolated:
         for c in contenders:
             rec = records[c.key]
             if rec.error is not None:
@@ -298,9 +409,12 @@ def run_workload(
     ref_key = "raw-fp32" if "raw-fp32" in records else contenders[0].key
     ref = records[ref_key]
     summaries = [
-        _contender_summary(records[c.key], wl, ref, cfg.rounds) for c in contenders
+        _contender_summary(records[c.key], wl, ref, cfg.rounds, records) for c in contenders
     ]
+    aa = aa_control(records, cfg.rounds)
     notes = [describe_method(memory, cfg.device_type)]
+    if isolated:
+        notes.append("Every run (one contender, one round) ran in a fresh Python process.")
     if wl.task == "predict":
         notes.append(
             "Every contender predicts with the same weights (one untimed float32 epoch "
@@ -320,7 +434,9 @@ def run_workload(
         "n_batches": wl.n_batches,
         "reference": ref_key,
         "contenders": summaries,
-        "comparisons": _comparisons(records, wl, cfg.rounds, quick=cfg.quick),
+        "aa_control": aa,
+        "comparisons": _comparisons(records, wl, cfg.rounds, quick=cfg.quick,
+                                    spread=None if aa is None else aa["spread"]),
         "notes": notes,
         "elapsed_s": time.perf_counter() - started,
     }
@@ -355,7 +471,8 @@ def run_benchmark(cfg: BenchConfig, log: Logger = _stderr) -> dict[str, Any]:
     return {
         "schema_version": SCHEMA_VERSION,
         "machine": machine,
-        "config": {**cfg.to_dict(), "memory_method": cfg.memory_method},
+        "config": {**cfg.to_dict(), "memory_method": cfg.memory_method,
+                   "isolation_method": cfg.isolation_method},
         "workloads": workloads,
         "elapsed_s": time.perf_counter() - started,
     }

@@ -1,8 +1,8 @@
 """Subprocess entry point of ``--memory subprocess``: run one contender once
 in a fresh interpreter and print its peak memory as one JSON line.
 
-Used as ``python -m ampnet.benchmark.memprobe '<json>'`` by
-:func:`ampnet.benchmark.memory.probe_in_subprocess`; the JSON holds the
+Used as ``python -m ampnet_bench.memprobe '<json>'`` by
+:func:`ampnet_bench.memory.probe_in_subprocess`; the JSON holds the
 benchmark config, the workload name and the contender key. Not meant to be
 run by hand.
 """
@@ -16,10 +16,10 @@ import sys
 
 import torch
 
-from ampnet.benchmark.config import BenchConfig
-from ampnet.benchmark.contenders import CONTENDERS, run_contender
-from ampnet.benchmark.memory import MemoryMeter
-from ampnet.benchmark.workloads import get_workload
+from ampnet_bench.config import BenchConfig
+from ampnet_bench.contenders import CONTENDERS, run_contender
+from ampnet_bench.memory import MemoryMeter
+from ampnet_bench.workloads import get_workload
 
 
 def probe(payload: dict) -> dict:

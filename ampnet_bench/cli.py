@@ -8,27 +8,32 @@ import sys
 from types import MappingProxyType
 from typing import Any, Sequence
 
-from ampnet.benchmark.config import BATCHING, MEMORY_METHODS, OPTIMIZERS, BenchConfig
-from ampnet.benchmark.contenders import CONTENDER_KEYS
-from ampnet.benchmark.machine import load_warning, usable_cores
-from ampnet.benchmark.report import to_markdown, write_all
-from ampnet.benchmark.runner import run_benchmark
-from ampnet.benchmark.workloads import WORKLOAD_NAMES
+from ampnet_bench.config import BATCHING, ISOLATION, MEMORY_METHODS, OPTIMIZERS, BenchConfig
+from ampnet_bench.contenders import CONTENDER_KEYS
+from ampnet_bench.machine import load_warning, usable_cores
+from ampnet_bench.report import to_markdown, write_all
+from ampnet_bench.runner import run_benchmark
+from ampnet_bench.workloads import WORKLOAD_NAMES
 
 __all__ = ["build_parser", "config_from_args", "main"]
 
 _DESCRIPTION = """\
 Train the same model on the same synthetic data with a hand-written PyTorch
-loop (float32 and AMP), skorch's NeuralNetClassifier and AmpNet (float32,
-mixed, pure), interleaving the contenders in rounds, and report median epoch
-time, samples/s, ms/batch, peak memory, final loss, accuracy and per-round
-ratios as Markdown (stdout and results.md), JSON and a PNG chart.
+loop (float32 and AMP, the AMP loop twice as an A/A control), skorch's
+NeuralNetClassifier, AmpNet (float32, mixed, pure, compensated pure, fused
+optimizers) and, when installed, skorch + accelerate and Lightning;
+interleave the contenders in rounds, each run in a fresh process, and report
+median epoch time, samples/s, ms/batch, peak memory, training-state bytes,
+final loss, accuracy and per-round ratios (judged against the A/A spread) as
+Markdown (stdout and results.md), JSON and a PNG chart.
 """
 
 _EPILOG = """\
 examples:
   python -m ampnet.benchmark --quick
   python -m ampnet.benchmark --workload mlp --threads 2 --out bench-mlp
+  python -m ampnet.benchmark --workload mlp cnn --optimizer adamw --threads 2 \\
+      --contenders raw-amp,raw-amp-aa,ampnet-mixed,ampnet-pure-comp-fused,lightning
   MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=17179869184 \\
       python -m ampnet.benchmark --workload overhead predict --threads 2
 """
@@ -107,6 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="peak memory: subprocess (fresh process per contender), inprocess "
                         "(approximate on CPU), off; auto: subprocess on CPU, inprocess on "
                         "CUDA and in --quick")
+    p.add_argument("--isolation", default="auto", choices=ISOLATION,
+                   help="process: every run (contender x round) in a fresh Python process, "
+                        "peak memory measured in it; inprocess: all runs in this process; "
+                        "auto: inprocess in --quick, process otherwise")
     p.add_argument("--contenders", type=_contender_list, default=None,
                    help=f"comma-separated subset of: {', '.join(CONTENDER_KEYS)}")
     return p
@@ -136,6 +145,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         batching=args.batching,
         memory=args.memory,
         contenders=args.contenders,
+        isolation=args.isolation,
         **run_lengths,
     )
 

@@ -7,8 +7,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ampnet.benchmark.config import OPTIMIZERS
-from ampnet.benchmark.machine import RECOMMENDED_MALLOC_ENV, load_warning
+from ampnet_bench.config import OPTIMIZERS
+from ampnet_bench.machine import RECOMMENDED_MALLOC_ENV, load_warning
 
 __all__ = ["to_markdown", "write_json", "build_chart", "write_chart", "write_all"]
 
@@ -96,6 +96,12 @@ def _memory_cell(mem: dict[str, Any] | None) -> str:
     return f"{mem['peak_mb']:.0f} MB ({mem['delta_mb']:+.0f})"
 
 
+def _state_cell(state: dict[str, Any] | None) -> str:
+    if not state:
+        return "n/a"
+    return f"{state['total'] / 2**20:.1f} MiB"
+
+
 def _workload_md(w: dict[str, Any]) -> list[str]:
     unit = "call" if w["task"] == "predict" else "epoch"
     lines = [
@@ -103,35 +109,53 @@ def _workload_md(w: dict[str, Any]) -> list[str]:
         "",
         f"Batch size {w['batch_size']}, {w['n_samples']} samples ({w['n_batches']} batches) per {w['unit']}.",
         "",
-        f"| Contender | Time/{unit} | ms/batch | samples/s | x {w['reference']} | Peak memory (+run) | Final loss | Accuracy |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        f"| Contender | Time/{unit} | ms/batch | samples/s | x {w['reference']} | Peak memory (+run) "
+        "| State bytes* | Final loss | Loss / fp32 loop | Loss / AMP loop | Accuracy |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     unavailable = []
     for c in w["contenders"]:
         if not c["available"]:
-            lines.append(f"| {c['key']} | not available | | | | | | |")
+            lines.append(f"| {c['key']} | not available | | | | | | | | | |")
             unavailable.append(f"{c['key']} not available: {c['error']}")
             continue
         lines.append(
             f"| {c['key']} | {_seconds(c['median_s'])} | {_num(c['ms_per_batch'], '.3f')} | "
             f"{_num(c['samples_per_s'], ',.0f')} | {_num(c['ratio_to_reference']['median'], '.3f')} | "
-            f"{_memory_cell(c['memory'])} | {_num(c['final_loss'], '.4f')} | {_num(c['accuracy'], '.3f')} |"
+            f"{_memory_cell(c['memory'])} | {_state_cell(c.get('state_bytes'))} | "
+            f"{_num(c['final_loss'], '.4f')} | {_num(c.get('loss_vs_fp32'), '.4f')} | "
+            f"{_num(c.get('loss_vs_raw_amp'), '.4f')} | {_num(c['accuracy'], '.3f')} |"
         )
     comps = [c for c in w["comparisons"] if c["median"] is not None]
     targets = any(c["target"] for c in comps)
+    aa = w.get("aa_control")
+    if aa is not None:
+        lines += [
+            "",
+            f"A/A control: {aa['a']} and {aa['b']} are the same contender; their per-round time ratio "
+            f"has median {aa['median']:.3f} and deviates from 1 by up to **{100 * aa['spread']:.1f}%** "
+            "(the A/A spread). A comparison closer to 1 than that is \"within noise\", not a difference.",
+        ]
     if comps:
         lines += [
             "",
-            "| Comparison (per-round ratios) | Median | Range |" + (" Target | Met |" if targets else ""),
-            "|---|---:|---:|" + ("---:|:---:|" if targets else ""),
+            "| Comparison (per-round ratios) | Median | Range | Verdict |"
+            + (" Target | Met |" if targets else ""),
+            "|---|---:|---:|---|" + ("---:|:---:|" if targets else ""),
         ]
         for c in comps:
-            row = f"| {c['label']} | {c['median']:.3f} | {c['min']:.3f}-{c['max']:.3f} |"
+            row = (f"| {c['label']} | {c['median']:.3f} | {c['min']:.3f}-{c['max']:.3f} | "
+                   f"{c.get('verdict') or 'no A/A control'} |")
             if targets:
                 met = "" if c["met"] is None else ("yes" if c["met"] else "**no**")
                 row += f" {c['target'] or ''} | {met} |"
             lines.append(row)
     notes = list(w["notes"]) + unavailable
+    notes.append(
+        "*State bytes: parameters, gradients, float32 master or compensation copies and optimizer "
+        "state after the run (AmpNet: `net.memory_report()`; others: the same count over their "
+        "module and optimizer); activations are not state."
+    )
     for c in w["contenders"]:
         notes += [f"{c['key']}: {n}" for n in c["notes"]]
         notes += [f"{c['key']} warned: {msg}" for msg in c["warnings"]]
@@ -147,7 +171,7 @@ def to_markdown(results: dict[str, Any]) -> str:
     Parameters
     ----------
     results : dict
-      As returned by :func:`ampnet.benchmark.runner.run_benchmark`.
+      As returned by :func:`ampnet_bench.runner.run_benchmark`.
 
     Returns
     -------
@@ -214,7 +238,8 @@ def build_chart(results: dict[str, Any]):
     fig = Figure(figsize=(8, 0.8 + 2.4 * len(workloads)))
     FigureCanvasAgg(fig)
     axes = fig.subplots(len(workloads), 1, squeeze=False)
-    colors = {"raw": "#7f7f7f", "skorch": "#1f77b4", "ampnet": "#d62728"}
+    colors = {"raw": "#7f7f7f", "skorch": "#1f77b4", "ampnet": "#d62728", "accelerate": "#2ca02c",
+              "lightning": "#9467bd"}
     for ax, w in zip(axes[:, 0], workloads):
         contenders = w["contenders"][::-1]
         labels = [c["key"] for c in contenders]

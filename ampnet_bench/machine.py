@@ -39,7 +39,7 @@ def _cpuinfo() -> tuple[str, set[str]]:
 
 
 def _git_commit() -> str | None:
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[1]
     try:
         out = subprocess.run(
             ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],

@@ -9,9 +9,9 @@ from typing import Any
 
 import torch
 
-from ampnet.benchmark.workloads import Workload, get_workload
+from ampnet_bench.workloads import Workload, get_workload
 
-__all__ = ["BenchConfig", "OPTIMIZERS", "BATCHING", "MEMORY_METHODS"]
+__all__ = ["BenchConfig", "OPTIMIZERS", "BATCHING", "MEMORY_METHODS", "ISOLATION"]
 
 #: ``--optimizer`` choices: torch class name, default lr, extra keyword arguments.
 OPTIMIZERS: "MappingProxyType[str, tuple[str, float, tuple[tuple[str, Any], ...]]]" = MappingProxyType({
@@ -25,6 +25,9 @@ BATCHING = ("dataloader", "tensors")
 
 #: ``--memory`` choices.
 MEMORY_METHODS = ("auto", "subprocess", "inprocess", "off")
+
+#: ``--isolation`` choices.
+ISOLATION = ("auto", "process", "inprocess")
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,13 @@ class BenchConfig:
 
     contenders : tuple of str or None
       Contender keys to run; None runs all.
+
+    isolation : str
+      A key of :data:`ISOLATION`: ``'process'`` runs every run (one
+      contender, one round) in a fresh Python process, so that a process's
+      allocator state does not follow a contender through all its rounds;
+      ``'inprocess'`` runs them all in this process; ``'auto'``: inprocess
+      in quick mode, process otherwise.
     """
 
     workloads: tuple[str, ...]
@@ -97,6 +107,7 @@ class BenchConfig:
     batching: str = "dataloader"
     memory: str = "auto"
     contenders: tuple[str, ...] | None = None
+    isolation: str = "auto"
 
     # ---- derived settings -------------------------------------------------
 
@@ -111,12 +122,21 @@ class BenchConfig:
         return {"bfloat16": torch.bfloat16, "float16": torch.float16}[self.dtype]
 
     @property
+    def isolation_method(self) -> str:
+        """``'process'`` or ``'inprocess'`` (``'auto'`` resolved)."""
+        if self.isolation != "auto":
+            return self.isolation
+        return "inprocess" if self.quick else "process"
+
+    @property
     def memory_method(self) -> str:
         """The memory measurement actually used: ``'auto'`` resolves to
         ``'inprocess'`` on CUDA (``max_memory_allocated`` is exact per run)
         and in quick mode, and to ``'subprocess'`` otherwise."""
         if self.memory != "auto":
             return self.memory
+        if self.isolation_method == "process":
+            return "subprocess"
         if self.device_type == "cuda" or self.quick:
             return "inprocess"
         return "subprocess"

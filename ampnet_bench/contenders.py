@@ -35,8 +35,8 @@ from skorch.dataset import Dataset
 from torch import nn
 
 from ampnet import AmpNetClassifier
-from ampnet.benchmark.config import BenchConfig
-from ampnet.benchmark.workloads import Data, Workload
+from ampnet_bench.config import BenchConfig
+from ampnet_bench.workloads import Data, Workload
 
 __all__ = [
     "Contender",
@@ -63,7 +63,9 @@ class Contender:
       Description for the report.
 
     framework : str
-      ``'raw'`` (hand-written loop), ``'skorch'`` or ``'ampnet'``.
+      ``'raw'`` (hand-written loop), ``'skorch'``, ``'ampnet'``,
+      ``'accelerate'`` (skorch with ``skorch.hf.AccelerateMixin``) or
+      ``'lightning'`` (a Lightning ``Trainer``).
 
     amp : bool
       Whether automatic mixed precision is on.
@@ -71,11 +73,18 @@ class Contender:
     level : str
       AmpNet's ``amp_level`` (``'mixed'`` or ``'pure'``).
 
-    master_weights : bool
-      AmpNet's ``amp_master_weights`` (only matters in ``'pure'``).
+    master_weights : bool or str
+      AmpNet's ``amp_master_weights`` (only matters in ``'pure'``):
+      True, False or ``'compensated'``.
 
     skip_nonfinite : bool
       AmpNet's ``amp_skip_nonfinite`` (the non-finite gradient guard).
+
+    fused : bool
+      AmpNet's optimizer with ``optimizer__fused=True``.
+
+    control_of : str or None
+      Key of the contender this one repeats exactly (the A/A control).
     """
 
     key: str
@@ -83,14 +92,18 @@ class Contender:
     framework: str
     amp: bool
     level: str = "mixed"
-    master_weights: bool = True
+    master_weights: bool | str = True
     skip_nonfinite: bool = True
+    fused: bool = False
+    control_of: str | None = None
 
 
 #: All contenders, in the order they run within a round.
 CONTENDERS: tuple[Contender, ...] = (
     Contender("raw-fp32", "PyTorch loop, float32", "raw", False),
     Contender("raw-amp", "PyTorch loop, autocast", "raw", True),
+    Contender("raw-amp-aa", "PyTorch loop, autocast, again (A/A control)", "raw", True,
+              control_of="raw-amp"),
     Contender("skorch-fp32", "skorch NeuralNetClassifier, float32", "skorch", False),
     Contender("ampnet-fp32", "AmpNet, amp_enabled=False", "ampnet", False),
     Contender("ampnet-mixed", "AmpNet, amp_level='mixed'", "ampnet", True, "mixed"),
@@ -99,6 +112,17 @@ CONTENDERS: tuple[Contender, ...] = (
     Contender("ampnet-pure", "AmpNet, amp_level='pure'", "ampnet", True, "pure"),
     Contender("ampnet-pure-nomw", "AmpNet, amp_level='pure', amp_master_weights=False", "ampnet",
               True, "pure", False),
+    Contender("ampnet-mixed-fused", "AmpNet, amp_level='mixed', optimizer__fused=True", "ampnet",
+              True, "mixed", fused=True),
+    Contender("ampnet-pure-comp", "AmpNet, amp_level='pure', amp_master_weights='compensated'",
+              "ampnet", True, "pure", "compensated"),
+    Contender("ampnet-pure-comp-fused",
+              "AmpNet, amp_level='pure', amp_master_weights='compensated', optimizer__fused=True",
+              "ampnet", True, "pure", "compensated", fused=True),
+    Contender("skorch-accelerate",
+              "skorch + accelerate (AccelerateMixin, Accelerator(mixed_precision='bf16'|'fp16'))",
+              "accelerate", True),
+    Contender("lightning", "Lightning Trainer(precision='bf16-mixed'|'16-mixed')", "lightning", True),
 )
 
 #: Keys of :data:`CONTENDERS`.
@@ -126,6 +150,12 @@ class RunOutcome:
 
     warnings : list of str
       Distinct warnings raised during the run.
+
+    state_bytes : dict or None
+      Bytes of the training state after the run, by role: AmpNet's
+      ``net.memory_report().to_dict()``; for the other contenders the same
+      count (:func:`ampnet.precision.memory.measure_memory`) over their
+      module and optimizer. None for prediction.
     """
 
     epoch_times: list[float]
@@ -133,6 +163,7 @@ class RunOutcome:
     accuracy: float
     param_dtypes: list[str]
     warnings: list[str] = field(default_factory=list)
+    state_bytes: dict[str, Any] | None = None
 
 
 class TensorBatches:
@@ -290,7 +321,7 @@ def _timed(cfg: BenchConfig, fn: Callable[[], Any]) -> tuple[float, Any]:
 
 def _raw_train(
     contender: Contender, wl: Workload, data: Data, cfg: BenchConfig, epochs: int
-) -> tuple[list[float], float, nn.Module]:
+) -> tuple[list[float], float, nn.Module, torch.optim.Optimizer]:
     """The hand-written loop: zero_grad, forward and loss under autocast,
     (scaled) backward, step. The loss is accumulated as a tensor (no
     per-batch host sync); its mean over the last epoch is the final loss."""
@@ -323,7 +354,7 @@ def _raw_train(
         _sync(cfg.device)
         times.append(time.perf_counter() - start)
         final_loss = float(total) / count
-    return times, final_loss, model
+    return times, final_loss, model, optimizer
 
 
 # ---- skorch and AmpNet ------------------------------------------------------
@@ -333,6 +364,8 @@ def _make_net(
     contender: Contender, module: nn.Module, wl: Workload, cfg: BenchConfig, **kwargs: Any
 ) -> NeuralNetClassifier:
     opt_cls, opt_kwargs = cfg.optimizer_spec()
+    if contender.fused:
+        opt_kwargs["fused"] = True
     params: dict[str, Any] = dict(
         module=module,
         criterion=nn.CrossEntropyLoss,
@@ -351,12 +384,42 @@ def _make_net(
     )
     if contender.framework == "skorch":
         return NeuralNetClassifier(**params)
+    if contender.framework == "accelerate":
+        return _accelerated_net(cfg, params)
     # AMP settings only where AMP is on (with AMP off they would have no effect)
     amp = dict(amp_dtype=cfg.dtype, amp_level=contender.level,
                amp_master_weights=contender.master_weights) if contender.amp else {}
     return AmpNetClassifier(
         amp_enabled=contender.amp, amp_skip_nonfinite=contender.skip_nonfinite, **amp, **params
     )
+
+
+def _accelerated_net(cfg: BenchConfig, params: dict[str, Any]) -> NeuralNetClassifier:
+    """skorch's documented accelerate integration in its default
+    configuration: ``AccelerateMixin`` with an ``Accelerator`` that owns the
+    device and the mixed precision."""
+    from accelerate import Accelerator
+    from skorch.hf import AccelerateMixin
+
+    class AcceleratedNet(AccelerateMixin, NeuralNetClassifier):
+        pass
+
+    mixed = "bf16" if cfg.torch_dtype == torch.bfloat16 else "fp16"
+    accelerator = Accelerator(mixed_precision=mixed, cpu=cfg.device_type == "cpu")
+    # device: the accelerator places the module; AccelerateMixin gives PrintLog a sink, which
+    # makes it print despite verbose=0: a sink that prints nothing (printing only)
+    params = {**params, "device": None}
+    return AcceleratedNet(accelerator=accelerator, callbacks__print_log__sink=_no_print, **params)
+
+
+def _no_print(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+def _state_bytes(module: nn.Module, optimizers: list[torch.optim.Optimizer]) -> dict[str, Any]:
+    from ampnet.precision.memory import measure_memory
+
+    return measure_memory(module, None, optimizers, "as stored").to_dict()
 
 
 def _net_train(
@@ -370,13 +433,76 @@ def _net_train(
     return list(clock.epoch_times_), float(net.history[-1, "train_loss"]), net
 
 
+# ---- Lightning --------------------------------------------------------------
+
+
+def _lightning_train(
+    contender: Contender, wl: Workload, data: Data, cfg: BenchConfig, epochs: int
+) -> tuple[list[float], float, nn.Module, list[torch.optim.Optimizer]]:
+    """A ``LightningModule`` around the workload's module, trained by a
+    ``Trainer`` in its default configuration with ``precision='bf16-mixed'``
+    (``'16-mixed'`` for float16) and without logging, checkpoints or progress
+    bar; the same batches as every other contender."""
+    import lightning as L
+
+    opt_cls, opt_kwargs = cfg.optimizer_spec()
+    criterion = nn.CrossEntropyLoss()
+
+    class Lit(L.LightningModule):
+        def __init__(self, module: nn.Module) -> None:
+            super().__init__()
+            self.module = module
+            self.total = torch.zeros(())
+            self.count = 0
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            Xb, yb = batch
+            loss = criterion(self.module(Xb), yb)
+            self.total = self.total.to(loss.device) + loss.detach().float() * len(yb)
+            self.count += len(yb)
+            return loss
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return opt_cls(self.parameters(), **opt_kwargs)
+
+    class Clock(L.Callback):
+        def __init__(self) -> None:
+            self.times: list[float] = []
+            self.final_loss = float("nan")
+
+        def on_train_epoch_start(self, trainer: Any, lit: Any) -> None:
+            torch.set_num_threads(cfg.threads)  # as every other contender runs
+            lit.total = torch.zeros((), device=lit.device)
+            lit.count = 0
+            _sync(cfg.device)
+            self._start = time.perf_counter()
+
+        def on_train_epoch_end(self, trainer: Any, lit: Any) -> None:
+            _sync(cfg.device)
+            self.times.append(time.perf_counter() - self._start)
+            self.final_loss = float(lit.total) / max(lit.count, 1)
+
+    lit, clock = Lit(wl.build_module(cfg.seed)), Clock()
+    precision = "bf16-mixed" if cfg.torch_dtype == torch.bfloat16 else "16-mixed"
+    trainer = L.Trainer(
+        accelerator="gpu" if cfg.device_type == "cuda" else "cpu", devices=1,
+        precision=precision, max_epochs=epochs, callbacks=[clock], logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        use_distributed_sampler=False, num_sanity_val_steps=0,
+    )
+    loader = _make_iterator(cfg, Dataset(data.X, data.y), wl.batch_size, True,
+                            _shuffle_generator(cfg))
+    trainer.fit(lit, train_dataloaders=loader)
+    return clock.times, clock.final_loss, lit.module, list(trainer.optimizers)
+
+
 # ---- entry points ---------------------------------------------------------------
 
 
 def train_reference_weights(wl: Workload, data: Data, cfg: BenchConfig) -> dict[str, torch.Tensor]:
     """Weights for ``predict`` workloads: one float32 epoch of the raw loop
     (not timed), so that the predictions are meaningful."""
-    _, _, model = _raw_train(CONTENDERS[0], wl, data, cfg, epochs=1)
+    model = _raw_train(CONTENDERS[0], wl, data, cfg, epochs=1)[2]
     return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
 
 
@@ -430,14 +556,19 @@ def run_contender(
             loss, accuracy = _loss_and_accuracy(proba, data.y)
         else:
             with meter:
-                if contender.framework == "raw":
-                    times, loss, model = _raw_train(contender, wl, data, cfg, n_epochs)
-                    module = model
+                if contender.framework in ("raw", "lightning"):
+                    train = _raw_train if contender.framework == "raw" else _lightning_train
+                    times, loss, module, optimizers = train(contender, wl, data, cfg, n_epochs)
+                    module = module.to(cfg.device)
+                    state = _state_bytes(module, optimizers if isinstance(optimizers, list)
+                                         else [optimizers])
                 else:
                     times, loss, net = _net_train(contender, wl, data, cfg, n_epochs)
                     module = net.module_
-            if contender.framework == "raw":
-                proba = _raw_predict_proba(model, data.X_eval, wl.batch_size, cfg, contender.amp)
+                    state = (net.memory_report().to_dict() if contender.framework == "ampnet"
+                             else _state_bytes(module, [net.optimizer_]))
+            if contender.framework in ("raw", "lightning"):
+                proba = _raw_predict_proba(module, data.X_eval, wl.batch_size, cfg, contender.amp)
             else:
                 proba = net.predict_proba(data.X_eval)
             accuracy = _loss_and_accuracy(proba, data.y_eval)[1]
@@ -448,12 +579,15 @@ def run_contender(
         accuracy=accuracy,
         param_dtypes=_param_dtypes(module),
         warnings=messages,
+        state_bytes=None if wl.task == "predict" else state,
     )
 
 
 def _predictor(
     contender: Contender, wl: Workload, cfg: BenchConfig, weights: dict[str, torch.Tensor] | None
 ) -> tuple[Callable[[torch.Tensor], np.ndarray], nn.Module]:
+    if contender.framework == "lightning":
+        raise NotImplementedError("the Lightning contender times training only")
     module = wl.build_module(cfg.seed)
     if weights is not None:
         module.load_state_dict(weights)

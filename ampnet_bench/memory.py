@@ -24,12 +24,13 @@ import os
 import resource
 import subprocess
 import sys
+from pathlib import Path
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 
-__all__ = ["MemoryReading", "MemoryMeter", "probe_in_subprocess", "describe_method"]
+__all__ = ["MemoryReading", "MemoryMeter", "probe_in_subprocess", "describe_method", "subprocess_env"]
 
 _MB = 1024.0 * 1024.0
 
@@ -160,11 +161,25 @@ def describe_method(memory: str, device_type: str) -> str:
     )
 
 
+def subprocess_env() -> dict[str, str]:
+    """This process's environment, with the folders holding the imported
+    ``ampnet`` and ``ampnet_bench`` first on ``PYTHONPATH``, so that a child
+    interpreter runs the same code (a source checkout as well as an install)."""
+    import ampnet
+    import ampnet_bench
+
+    roots = [str(Path(m.__file__).resolve().parents[1]) for m in (ampnet_bench, ampnet)]
+    env = dict(os.environ)
+    rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(roots + rest))
+    return env
+
+
 def probe_in_subprocess(
     cfg_dict: dict[str, Any], workload: str, contender: str, timeout: float | None = None
 ) -> MemoryReading:
     """Run one contender once in a fresh interpreter and return its
-    :class:`MemoryReading` (see :mod:`ampnet.benchmark.memprobe`).
+    :class:`MemoryReading` (see :mod:`ampnet_bench.memprobe`).
 
     Raises
     ------
@@ -173,11 +188,11 @@ def probe_in_subprocess(
     """
     payload = json.dumps({"config": cfg_dict, "workload": workload, "contender": contender})
     proc = subprocess.run(
-        [sys.executable, "-m", "ampnet.benchmark.memprobe", payload],
+        [sys.executable, "-m", "ampnet_bench.memprobe", payload],
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=dict(os.environ),
+        env=subprocess_env(),
     )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:
