@@ -8,6 +8,7 @@ from ampnet.exceptions import AmpDivergenceError, AmpStateError, AmpWarning
 from ampnet.net import AmpNet, AmpNetBinaryClassifier, AmpNetClassifier, AmpNetMixin, AmpNetRegressor
 from ampnet.precision.policy import PrecisionPolicy, resolve_precision
 from ampnet.precision.scaler import GradScaler
+from ampnet.plotting import plot_precision
 
 __version__ = "0.1.0"
 
@@ -23,5 +24,6 @@ __all__ = [
     "AmpWarning",
     "AmpDivergenceError",
     "AmpStateError",
+    "plot_precision",
     "__version__",
 ]
