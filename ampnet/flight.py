@@ -195,10 +195,12 @@ def nonfinite_loss_message(net: Any) -> str | None:
         text += f"; {len(skipped)} of its {len(rows)} batches skipped their step{': ' + listed if listed else ''}"
     text += "). "
     name = modules.most_common(1)[0][0] if modules else None
-    where = f" in module {name!r}" if name is not None else ""
+    where = f" in module {name!r}" if name else " in the module's own forward" if name == "" else ""
+    name = name or None  # '' (the root) is no amp_fp32_modules selector
     if causes["nonfinite_input"]:
-        text += (f"Likely cause: bad data ({causes['nonfinite_input']} batches hold NaN or inf in the "
-                 "input or target). Fix: clean or impute the data.")
+        bad = causes["nonfinite_input"]
+        text += (f"Likely cause: bad data ({bad} batch{'es hold' if bad > 1 else ' holds'} NaN or inf "
+                 "in the input or target). Fix: clean or impute the data.")
     elif prec.enabled and prec.policy.compute_dtype == torch.float16 and (causes["nonfinite_loss"] or not guarded):
         fp32 = f"amp_fp32_modules=[{name!r}]" if name is not None else (
             "amp_fp32_modules (net.precision_report(X, y) names the overflowing modules; "
