@@ -1,8 +1,8 @@
 """``ampnet.plot_precision(net)``: the flight record of a fit, drawn.
 
 Needs matplotlib (``pip install ampnet[plot]``). The figure is built with
-matplotlib's object API (no pyplot state): display it in a notebook by
-leaving it as a cell's value, or save it with ``fig.savefig(path)``.
+matplotlib's object API (no pyplot state): a notebook shows it when it is a
+cell's value; ``fig.savefig(path)`` saves it.
 """
 
 from __future__ import annotations
@@ -56,7 +56,9 @@ def plot_precision(net: Any, figsize: tuple[float, float] | None = None) -> Any:
       A net whose history holds no epoch.
     """
     try:
-        from matplotlib.figure import Figure
+        from matplotlib.ticker import MaxNLocator
+
+        from ampnet._png_figure import PngFigure
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ImportError(
             "plot_precision needs matplotlib. Fix: pip install 'ampnet[plot]' (or matplotlib)."
@@ -78,9 +80,11 @@ def plot_precision(net: Any, figsize: tuple[float, float] | None = None) -> Any:
         panels.append("grad")
     if lost:
         panels.append("lost")
-    fig = Figure(figsize=figsize or (11.0, 2.6 * len(panels)), layout="constrained")
+    fig = PngFigure(figsize=figsize or (11.0, 2.6 * len(panels)), layout="constrained")
     axes = fig.subplots(len(panels), 1, squeeze=False)[:, 0]
     for ax, panel in zip(axes, panels):
+        if panel != "scale":
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs
         if panel == "loss":
             _loss_panel(ax, history)
         elif panel == "scale":
@@ -130,6 +134,7 @@ def _skips_panel(ax: Any, history: Any) -> None:
             bottom = [a + b for a, b in zip(bottom, counts)]
     if not any(bottom):
         ax.text(0.5, 0.5, "no step was skipped", transform=ax.transAxes, ha="center", va="center")
+        ax.set_xlim(min(epochs) - 0.5, max(epochs) + 0.5)
     else:
         ax.legend(loc="best", title="cause")
     ax.set(title="Skipped optimizer steps by cause", xlabel="epoch", ylabel="skipped steps")

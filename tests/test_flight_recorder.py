@@ -332,6 +332,10 @@ def test_plot_precision_axes():
                    optimizer=torch.optim.SGD, lr=1e-3)
     net.fit(X, y)
     fig = ampnet.plot_precision(net)
+    from matplotlib.figure import Figure
+
+    assert isinstance(fig, Figure)
+    assert fig._repr_png_().startswith(b"\x89PNG")  # a notebook shows it as a cell's value
     titles = [ax.get_title() for ax in fig.axes]
     assert [t.split(" ")[0] for t in titles] == ["Loss", "Loss", "Skipped", "Gradient", "Updates"]
     for ax in fig.axes:
