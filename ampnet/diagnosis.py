@@ -38,6 +38,7 @@ import torch
 from skorch.dataset import unpack_data
 
 from ampnet._tree import has_nonfinite, iter_tensors
+from ampnet.exceptions import amp_warn
 from ampnet.precision.component import module_root
 
 __all__ = ["first_nonfinite"]
@@ -119,7 +120,14 @@ def first_nonfinite(net: Any, batch: Any, scale: float, **fit_params: Any) -> st
     root = module_root(module)
     # the float32 masters are the optimizer's: shared with the copy, never copied or changed
     memo = {id(m): m for m in (prec.masters or {}).values()}
-    replica = copy.deepcopy(root, memo)
+    try:
+        replica = copy.deepcopy(root, memo)
+    except Exception as exc:  # a module holding something that cannot be copied
+        amp_warn(
+            f"first_nonfinite: the module could not be copied for the replay ({type(exc).__name__}: "
+            f"{exc}); the step is recorded without it. Fix: make the module deep-copyable, or "
+            "set AmpMonitor(max_replays=0).")
+        return None
     for p in replica.parameters():
         p.grad = None
     watch = _Watch(replica)

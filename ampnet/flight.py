@@ -20,7 +20,8 @@ Per epoch it measures
   an applied optimizer step, i.e. whose update was lost to rounding. The
   value is the one the optimizer steps: the float32 master with master
   weights, the weight plus its compensation with ``'compensated'`` (so both
-  give 0 in practice), the low-precision weight without either. It is
+  give close to 0: only updates below float32's resolution, or the
+  compensation buffer's, are lost), the low-precision weight without either. It is
   estimated on a strided sample of at most :data:`SAMPLE_PER_TENSOR`
   elements of each parameter.
 
@@ -150,7 +151,6 @@ class FlightRecorder:
         """A skipped step: name its first non-finite module in the batch's
         history row (``first_nonfinite``), replaying the batch, unless the
         data was bad or this epoch's replays are spent."""
-        self._norm = None
         if cause == "nonfinite_input" or self.replays >= self.max_replays:
             return
         self.replays += 1

@@ -4,6 +4,7 @@ the first non-finite module (``first_nonfinite``, with ``AmpMonitor``),
 warning at the end of a fit whose loss is non-finite."""
 
 import math
+import threading
 
 import numpy as np
 import pytest
@@ -202,6 +203,21 @@ def test_replay_changes_nothing_and_is_bounded():
                           for b in row["batches"]] for row in net.history]
     assert strip(plain) == strip(replayed)
     assert not any("first_nonfinite" in b for row in plain.history for b in row["batches"])
+
+
+class Uncopyable(Net3):
+    def __init__(self, mode=None):
+        super().__init__(mode)
+        self.lock = threading.Lock()
+
+
+def test_a_module_that_cannot_be_copied_is_recorded_without_replay():
+    X, y = data(32, marked=(1,))
+    net = make_net(module=Uncopyable, module__mode="backward")
+    with pytest.warns(AmpWarning, match=r"could not be copied for the replay \(TypeError.*max_replays=0"):
+        net.fit(X, y)
+    row = net.history[-1, "batches", 1]
+    assert row["skip_cause"] == "overflow" and row["first_nonfinite"] is None
 
 
 def test_max_replays_is_checked():

@@ -32,8 +32,9 @@ class AmpMonitor(Callback):
       ``GradientNormClipping`` callback sees); NaN if no step was applied;
     - ``lost_updates`` (``amp_level='pure'`` only): the share of parameter
       elements with a non-zero gradient whose update was lost to rounding
-      (estimated on a sample of each parameter; 0 in practice with float32
-      master weights or ``'compensated'``).
+      (estimated on a sample of each parameter; close to 0 with float32
+      master weights or ``'compensated'``, where only updates below their
+      resolution are lost). NaN if no step was applied.
 
     and per skipped batch (besides ``step_skipped`` and ``skip_cause``,
     which the net records with or without this callback):
@@ -66,8 +67,8 @@ class AmpMonitor(Callback):
 
     max_replays : int (default=3)
       At most this many skipped steps per epoch are replayed to find
-      ``first_nonfinite``; each replay costs about one training step plus a
-      copy of the module. 0 turns the replay off.
+      ``first_nonfinite``; each replay costs about one training step and
+      memory for a copy of the module while it runs. 0 turns the replay off.
 
     Attributes
     ----------
