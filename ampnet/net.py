@@ -532,9 +532,27 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         return add_amp_params(super().__repr__(), self)
 
     def trim_for_prediction(self):
-        """skorch's trim; the float32 master weights are dropped as well."""
-        super().trim_for_prediction()
+        """skorch's trim; the float32 master weights are dropped as well.
+
+        ``predict_proba``'s nonlinearity is kept: with
+        ``predict_nonlinearity='auto'`` skorch infers it from the criterion,
+        which the trim removes (softmax would silently become the identity,
+        for ``predict_proba`` and for :meth:`export`), so it is resolved
+        before the criterion goes.
+        """
+        if not getattr(self, "_trimmed_for_prediction", False):
+            self.check_is_fitted()
+            nonlinearity = self._get_predict_nonlinearity()
+            super().trim_for_prediction()
+            self._trimmed_nonlinearity = nonlinearity
         self.precision_.drop_masters(self.__dict__.get("module_"))
+
+    def _get_predict_nonlinearity(self):
+        kept = self.__dict__.get("_trimmed_nonlinearity")
+        if kept is not None and isinstance(self.predict_nonlinearity, str) \
+                and self.predict_nonlinearity == "auto":
+            return kept
+        return super()._get_predict_nonlinearity()
 
 
 class AmpNet(AmpNetMixin, NeuralNet):
