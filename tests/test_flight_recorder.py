@@ -400,3 +400,13 @@ class _none:
 
     def __exit__(self, *exc):
         return False
+
+
+def test_plot_extra_is_declared_and_in_dev():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    from pathlib import Path
+
+    with open(Path(__file__).resolve().parent.parent / "pyproject.toml", "rb") as f:
+        extras = tomllib.load(f)["project"]["optional-dependencies"]
+    assert extras["plot"] == ["matplotlib"]
+    assert "ampnet[plot]" in extras["dev"]
