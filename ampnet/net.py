@@ -29,6 +29,7 @@ from ampnet._docs import amp_doc
 from ampnet.callbacks.checkpoint import epochs_to_run
 from ampnet.doctor_hooks import adapt_recording_hooks
 from ampnet.exceptions import amp_warn
+from ampnet.warning_site import SITE_ATTRIBUTE, user_site
 from ampnet.net_repr import add_amp_params
 from ampnet.conversion import ConversionMixin
 from ampnet.io.persistence import PersistenceMixin
@@ -517,6 +518,14 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
             parallel.after_notify(self, method_name)
 
     # ---- pickling and trimming ---------------------------------------------
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        # where the user sent this net from: a warning in a search's worker
+        # process, where no frame is the user's, points there
+        site = user_site()
+        state[SITE_ATTRIBUTE] = tuple(site) if site is not None else None
+        return state
 
     def __setstate__(self, state):
         super().__setstate__(state)
