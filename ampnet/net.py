@@ -30,6 +30,7 @@ from ampnet.callbacks.checkpoint import epochs_to_run
 from ampnet.doctor_hooks import adapt_recording_hooks
 from ampnet.exceptions import amp_warn
 from ampnet.warning_site import SITE_ATTRIBUTE, user_site
+from ampnet.flight import nonfinite_loss_message
 from ampnet.net_repr import add_amp_params
 from ampnet.conversion import ConversionMixin
 from ampnet.io.persistence import PersistenceMixin
@@ -488,18 +489,25 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         state = self.amp_step_state_
         state.micro_batches = 0
         state.scale = None
+        state.recorder = None  # an AmpMonitor among the callbacks attaches one
         steps.current_scale(self)  # before the first scale(): no read
 
     def on_epoch_begin(self, net, dataset_train=None, dataset_valid=None, **kwargs):
         super().on_epoch_begin(net, dataset_train=dataset_train, dataset_valid=dataset_valid, **kwargs)
         state = self.amp_step_state_
         state.micro_batches, state.epoch_skips, state.stepped_epoch = 0, 0, set()
-        state.bad_input = None
+        state.bad_input, state.losses = None, []
         self.parallel_.begin_epoch(len(self.history))
 
     def on_epoch_end(self, net, dataset_train=None, dataset_valid=None, **kwargs):
         super().on_epoch_end(net, dataset_train=dataset_train, dataset_valid=dataset_valid, **kwargs)
         steps.record_epoch(self)
+
+    def on_train_end(self, net, X=None, y=None, **kwargs):
+        super().on_train_end(net, X=X, y=y, **kwargs)
+        message = nonfinite_loss_message(self)  # the last epoch's training loss is NaN/inf
+        if message:
+            amp_warn(message)
 
     def notify(self, method_name: str, **cb_kwargs: Any) -> None:
         getattr(self, method_name)(self, **cb_kwargs)
