@@ -82,10 +82,11 @@ def assert_at(warning, line):
 @pytest.mark.parametrize("settings, message", [
     ({"amp_level": "pure"},
      "amp_enabled=False, so amp_level='pure' has no effect: the net trains in float32. "
-     "Set amp_enabled=True to use them, or leave them at their defaults."),
+     "Set amp_enabled=True to use it, or leave it at its default."),
     ({"amp_dtype": "bf16", "amp_fp32_modules": ["out"], "amp_master_weights": False},
      "amp_enabled=False, so amp_dtype='bf16', amp_master_weights=False, "
-     "amp_fp32_modules=['out'] have no effect"),
+     "amp_fp32_modules=['out'] have no effect: the net trains in float32. Set amp_enabled=True to "
+     "use them, or leave them at their defaults."),
     ({"amp_modules": "hidden", "grad_scaler__init_scale": 8.0},
      "amp_enabled=False, so amp_modules='hidden' has no effect"),
     ({"amp_enabled": True, "amp_dtype": "bf16", "amp_master_weights": False},
