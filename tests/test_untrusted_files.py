@@ -1343,3 +1343,161 @@ def test_checks_never_build_a_users_optimizer(scheduler_checkpoint):
     with pytest.raises(ValueError, match=r"param_groups\[0\]\['lr'\] must be a number"):
         net.load_params(f_optimizer=os.path.join(scheduler_checkpoint.dirname, "optimizer.pt"))
     assert CountingAdam.made == made
+
+
+# ---- issue 18 --------------------------------------------------------------------
+# Special files, planted links, values that pass type checks, export debris and a
+# second writer. One section per item of the issue.
+
+
+@pytest.fixture(scope="module")
+def pristine_checkpoint(tmp_path_factory, data):
+    """The folder of a Checkpoint(monitor=None) after a two-epoch fp16 fit
+    with an LRScheduler (do not change it: copy it with _checkpoint_folder)."""
+    dirname = str(tmp_path_factory.mktemp("pristine") / "ckpt")
+    torch.manual_seed(0)
+    net = _scheduler_net(callbacks=[_step_lr(), Checkpoint(monitor=None, dirname=dirname)])
+    quietly(net.fit, *data)
+    return dirname
+
+
+def _checkpoint_folder(tmp_path, pristine, name="ckpt"):
+    """A fresh copy of the ``pristine`` checkpoint folder; returns its path."""
+    import shutil
+
+    dirname = str(tmp_path / name)
+    shutil.copytree(pristine, dirname)
+    return dirname
+
+
+# ---- 18.1 special files never hang the loader or exhaust memory ------------------
+
+_SPECIAL_FILE_CHILD = r"""
+import json, os, resource, sys, warnings
+resource.setrlimit(resource.RLIMIT_DATA, (2 << 30, 2 << 30))  # a runaway read fails fast
+sys.path[:0] = [sys.argv[1], os.path.join(sys.argv[1], "tests")]
+warnings.simplefilter("ignore")
+import torch
+from ampnet import AmpNetClassifier
+from ampnet.callbacks.checkpoint import Checkpoint, LoadInitState
+from resume_script import Tiny
+
+for line in sys.stdin:
+    case = json.loads(line)
+    print("START", case["name"], flush=True)
+    net = AmpNetClassifier(Tiny, amp_enabled=True, amp_dtype="float16", optimizer=torch.optim.Adam,
+                           train_split=None, verbose=0).initialize()
+    try:
+        if case["how"] == "checkpoint":
+            net.load_params(checkpoint=Checkpoint(monitor=None, dirname=case["dirname"]))
+        elif case["how"] == "LoadInitState":
+            LoadInitState(Checkpoint(monitor=None, dirname=case["dirname"])).initialize().on_train_begin(net)
+        else:
+            net.load_params(**{case["how"]: case["path"]})
+        outcome = {"outcome": "loaded"}
+    except (ValueError, OSError) as exc:
+        outcome = {"outcome": type(exc).__name__, "message": str(exc)}
+    except BaseException as exc:
+        outcome = {"outcome": "crash " + type(exc).__name__, "message": str(exc)[:500]}
+    print("RESULT", json.dumps({"name": case["name"], **outcome}), flush=True)
+"""
+
+
+def _run_special_file_cases(cases):
+    """Load each case in one child process with a 2 GiB data limit and a
+    timeout; return {name: result}. A hang or a runaway read fails the test."""
+    lines = "".join(json.dumps(c) + "\n" for c in cases)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", _SPECIAL_FILE_CHILD, root],
+            input=lines, capture_output=True, text=True, timeout=120, env=env,
+        )
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        started = [line for line in out.splitlines() if line.startswith("START")]
+        pytest.fail(f"the load hung at {started[-1:]}")
+    results = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            result = json.loads(line[len("RESULT "):])
+            results[result["name"]] = result
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return results
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs and /dev/zero are POSIX")
+def test_special_files_are_refused_without_hanging_or_reading_forever(tmp_path, pristine_checkpoint):
+    """The probes of issue 18: history.json and lr_schedulers.json linked to
+    /dev/zero (json.load read without end), history.json and params.pt
+    replaced by a FIFO (the load blocked forever), plus a socket, a
+    directory and /dev/zero named directly."""
+    import socket
+
+    cases, expected = [], {}
+
+    def case(name, filename, make, how, problem):
+        dirname = _checkpoint_folder(tmp_path, pristine_checkpoint, name)
+        path = os.path.join(dirname, filename)
+        os.remove(path)
+        make(path)
+        cases.append({"name": name, "dirname": dirname, "how": how, "path": path})
+        expected[name] = (path, problem)
+
+    def dev_zero(path):
+        os.symlink("/dev/zero", path)
+
+    def bind_socket(path):
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(path)
+        sock.close()
+
+    case("history-zero", "history.json", dev_zero, "checkpoint", "symbolic link to '/dev/zero'")
+    case("schedulers-zero", "lr_schedulers.json", dev_zero, "LoadInitState",
+         "symbolic link to '/dev/zero'")
+    case("history-fifo", "history.json", os.mkfifo, "LoadInitState", "is a FIFO")
+    case("params-fifo", "params.pt", os.mkfifo, "checkpoint", "is a FIFO")
+    case("rng-socket", "rng_state.pt", bind_socket, "checkpoint", "is a socket")
+    case("scaler-directory", "grad_scaler.pt", os.mkdir, "f_grad_scaler", "is a directory")
+    cases.append({"name": "dev-zero-named", "how": "f_history", "path": "/dev/zero"})
+    expected["dev-zero-named"] = ("/dev/zero", "is a character device")
+    results = _run_special_file_cases(cases)
+    for name, (path, problem) in expected.items():
+        result = results.get(name)
+        assert result is not None and result["outcome"] == "ValueError", (name, result)
+        assert repr(path) in result["message"] and problem in result["message"], (name, result)
+        assert "not a regular file" in result["message"] or "outside its folder" in result["message"]
+
+
+@pytest.mark.parametrize("key", ["f_history", "f_grad_scaler", "f_rng_state"])
+def test_a_file_larger_than_its_kinds_limit_is_refused_unread(tmp_path, saved, key):
+    """A (sparse) regular file one byte over its kind's limit is refused
+    before a byte of it is read."""
+    from ampnet.io import kinds
+
+    big = str(tmp_path / os.path.basename(saved[key]))
+    limit = kinds.max_bytes(key)
+    with open(big, "wb") as f:
+        f.truncate(limit + 1)
+    refused_unchanged(
+        tiny_net().initialize(), {**saved, key: big}, re.escape(f"{key} file {big!r} is {limit + 1} bytes"),
+        f"more than the {limit} bytes that ampnet reads from this kind of file",
+    )
+    assert kinds.max_bytes("f_anything_else") == kinds.TENSOR_FILE_MAX_BYTES
+
+
+def test_a_compressed_torch_file_is_refused_before_it_expands(tmp_path, saved):
+    """torch.load reads deflated zip records (a zip bomb could expand without
+    bound); torch.save never writes them, so they are refused."""
+    import zipfile
+
+    bomb = str(tmp_path / "params.pt")
+    with zipfile.ZipFile(saved["f_params"]) as src, zipfile.ZipFile(bomb, "w") as dst:
+        for info in src.infolist():
+            dst.writestr(info, src.read(info.filename), compress_type=zipfile.ZIP_DEFLATED)
+    assert torch.load(bomb, weights_only=True).keys()  # torch itself reads it
+    refused_unchanged(
+        tiny_net().initialize(), {**saved, "f_params": bomb},
+        re.escape(f"f_params file {bomb!r} cannot be read as a torch file"), "compressed records",
+    )

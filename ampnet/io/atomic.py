@@ -37,6 +37,8 @@ import stat
 import uuid
 from typing import Any, Callable, Iterable, Mapping
 
+from ampnet.io.kinds import JOURNAL_MAX_BYTES
+from ampnet.io.reading import read_untrusted
 from ampnet.validation import MAX_DEPTH, describe, nesting_depth
 
 __all__ = [
@@ -52,9 +54,6 @@ JOURNAL_NAME = ".ampnet-journal.json"
 
 _JOURNAL_VERSION = 1
 
-#: A journal lists a few renames; anything larger is not one of ampnet's.
-_JOURNAL_MAX_BYTES = 1 << 20
-
 _JOURNAL_KEYS = ("ampnet_journal_version", "moves", "journals")
 
 _TEMP_NAME = re.compile(r"\.(?P<base>.+)\.[0-9a-f]{12}" + re.escape(TEMP_SUFFIX), re.DOTALL)
@@ -68,22 +67,26 @@ def is_path(target: Any) -> bool:
     return isinstance(target, (str, os.PathLike))
 
 
-def read_json(target: Any, source: str, what: str) -> Any:
-    """Parse JSON from a path or an open file, nested at most
+def read_json(target: Any, source: str, what: str, max_bytes: int) -> Any:
+    """Parse JSON from a path (opened as :func:`ampnet.io.reading.open_untrusted`
+    does) or an open file, at most ``max_bytes`` long and nested at most
     :data:`ampnet.validation.MAX_DEPTH` levels deep.
 
     Raises
     ------
     ValueError
       ``"{source} is not {what} (...)"`` for content that is not UTF-8 JSON
-      or is nested too deeply.
+      or is nested too deeply; see :func:`~ampnet.io.reading.open_untrusted`
+      for links, special files and sizes.
     """
+    if is_path(target):
+        raw = read_untrusted(target, source, max_bytes)
+    else:
+        raw = target.read(max_bytes + 1)
+        if len(raw) > max_bytes:
+            raise ValueError(f"{source} is larger than {max_bytes} bytes; it is not {what}.")
     try:
-        if is_path(target):
-            with open(target, "rb") as f:
-                data = json.load(f)
-        else:
-            data = json.load(target)
+        data = json.loads(raw)
     except (ValueError, RecursionError) as exc:  # also UnicodeDecodeError
         reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
         raise ValueError(f"{source} is not {what} ({reason}).") from exc
@@ -210,10 +213,12 @@ def _read_journal(directory: str, path: str) -> list[tuple[str, str]] | None:
         raise _journal_error(path, "it is a symbolic link")
     if not stat.S_ISREG(info.st_mode):
         raise _journal_error(path, "it is not a regular file")
-    with open(path, "rb") as f:
-        raw = f.read(_JOURNAL_MAX_BYTES + 1)
-    if len(raw) > _JOURNAL_MAX_BYTES:
-        raise _journal_error(path, f"it is larger than {_JOURNAL_MAX_BYTES} bytes")
+    if info.st_size > JOURNAL_MAX_BYTES:
+        raise _journal_error(path, f"it is larger than {JOURNAL_MAX_BYTES} bytes")
+    try:
+        raw = read_untrusted(path, repr(path), JOURNAL_MAX_BYTES)
+    except ValueError as exc:  # swapped for a link or a special file since the check
+        raise _journal_error(path, str(exc)) from exc
     try:
         data = json.loads(raw.decode("utf-8"))
     except (ValueError, RecursionError) as exc:  # also UnicodeDecodeError
