@@ -749,16 +749,16 @@ def test_non_booleans_name_their_numpy_type(name):
 # ---- 7. save_params compares real paths -----------------------------------------------
 
 
-@pytest.mark.parametrize("second", ["./same.pt", "sub/../same.pt", "ABS", "LINK", "HARDLINK"])
+@pytest.mark.parametrize("second", ["./same.pt", "sub/../same.pt", "ABS", "LINKED_DIR", "HARDLINK"])
 def test_two_spellings_of_one_file_are_refused(tmp_path, fitted, monkeypatch, second):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "sub").mkdir()
     (tmp_path / "same.pt").write_bytes(b"old")
     if second == "ABS":
         second = str(tmp_path / "same.pt")
-    elif second == "LINK":
-        os.symlink("same.pt", "link.pt")
-        second = "link.pt"
+    elif second == "LINKED_DIR":
+        os.symlink(".", "here")
+        second = os.path.join("here", "same.pt")
     elif second == "HARDLINK":
         os.link("same.pt", "hard.pt")
         second = "hard.pt"
@@ -769,6 +769,17 @@ def test_two_spellings_of_one_file_are_refused(tmp_path, fitted, monkeypatch, se
         fitted.save_params(f_params="same.pt", f_optimizer=second)
     assert (tmp_path / "same.pt").read_bytes() == b"old"
     assert sorted(os.listdir(tmp_path)) == listing
+
+
+def test_a_link_to_another_target_is_replaced_not_written_through(tmp_path, fitted, monkeypatch):
+    """Issue 18: a save replaces a symbolic link by its file, so a link to
+    another target of the same save is a target of its own."""
+    monkeypatch.chdir(tmp_path)
+    os.symlink("same.pt", "link.pt")
+    fitted.save_params(f_params="same.pt", f_optimizer="link.pt")
+    assert not os.path.islink("link.pt")
+    assert torch.load("same.pt", weights_only=True).keys() == fitted.module_.state_dict().keys()
+    assert torch.load("link.pt", weights_only=True).keys() == {"state", "param_groups"}
 
 
 def test_one_file_object_for_two_files_is_refused(fitted):
@@ -1501,3 +1512,73 @@ def test_a_compressed_torch_file_is_refused_before_it_expands(tmp_path, saved):
         tiny_net().initialize(), {**saved, "f_params": bomb},
         re.escape(f"f_params file {bomb!r} cannot be read as a torch file"), "compressed records",
     )
+
+
+# ---- 18.2 planted links never redirect a load or a save out of the folder ----------
+
+
+def test_planted_history_link_of_the_issue_redirects_neither_load_nor_save(
+    tmp_path, pristine_checkpoint, data
+):
+    """The probe of issue 18: history.json links to ../outside.txt (valid
+    content). The README's resume pattern refuses to load it, and a save
+    into the folder replaces the link instead of writing through it."""
+    dirname = _checkpoint_folder(tmp_path, pristine_checkpoint)
+    outside = tmp_path / "outside.txt"
+    history = os.path.join(dirname, "history.json")
+    os.replace(history, outside)
+    os.symlink(os.path.join("..", "outside.txt"), history)
+    precious = outside.read_bytes()
+    cp = Checkpoint(monitor=None, dirname=dirname)
+    net = _scheduler_net(callbacks=[LoadInitState(cp), _step_lr(), cp], max_epochs=1)
+    with pytest.raises(ValueError, match=re.escape(f"f_history file {history!r} is a symbolic link to ")) as info:
+        quietly(net.fit, *data)
+    info.match("outside its folder")
+    # a save (a fresh run into that folder) replaces the links, whatever they point to
+    for name in ("params.pt", "optimizer.pt", "grad_scaler.pt", "lr_schedulers.json"):
+        os.remove(os.path.join(dirname, name))
+        os.symlink(str(outside), os.path.join(dirname, name))
+    cp = Checkpoint(monitor=None, dirname=dirname)
+    quietly(_scheduler_net(callbacks=[_step_lr(), cp], max_epochs=1).fit, *data)
+    assert outside.read_bytes() == precious
+    for name in ("history.json", "params.pt", "optimizer.pt", "grad_scaler.pt", "lr_schedulers.json"):
+        assert not os.path.islink(os.path.join(dirname, name)) and os.path.isfile(os.path.join(dirname, name))
+    assert len(json.loads(Path(history).read_text())) == 1  # the new run's history
+
+
+def test_links_inside_the_folder_are_followed(tmp_path, pristine_checkpoint):
+    """A link to another file of the same folder (or below it) is fine."""
+    dirname = _checkpoint_folder(tmp_path, pristine_checkpoint)
+    os.mkdir(os.path.join(dirname, "real"))
+    for name in ("params.pt", "history.json"):
+        os.replace(os.path.join(dirname, name), os.path.join(dirname, "real", name))
+        os.symlink(os.path.join("real", name), os.path.join(dirname, name))
+    net = _scheduler_net().initialize()
+    net.load_params(checkpoint=Checkpoint(monitor=None, dirname=dirname, f_lr_schedulers=None))
+    assert len(net.history) == 2
+
+
+def test_a_link_to_a_file_outside_is_refused_for_every_kind(tmp_path, saved):
+    net = tiny_net().initialize()
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    for key, path in saved.items():
+        os.replace(path, outside / os.path.basename(path))
+        os.symlink(outside / os.path.basename(path), path)
+        refused_unchanged(net, saved, re.escape(f"{key} file {path!r} is a symbolic link to"))
+        os.remove(path)
+        os.replace(outside / os.path.basename(path), path)
+    net.load_params(**saved)  # the files themselves load
+
+
+def test_export_to_a_linked_name_replaces_the_link(tmp_path, fitted, data):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    target = tmp_path / "model.pt2"
+    os.symlink(victim, target)
+    assert fitted.export(str(target), data[0][:4], format="torch.export") == str(target)
+    assert victim.read_text() == "precious"
+    assert not target.is_symlink()
+    program = torch.export.load(str(target))
+    expected = fitted.predict_proba(data[0][:4])
+    assert np.allclose(program.module()(torch.as_tensor(data[0][:4])).numpy(), expected, atol=5e-3)

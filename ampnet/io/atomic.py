@@ -42,7 +42,7 @@ from ampnet.io.reading import read_untrusted
 from ampnet.validation import MAX_DEPTH, describe, nesting_depth
 
 __all__ = [
-    "atomic_write_group", "recover", "is_path", "read_json", "same_file_key", "TEMP_SUFFIX",
+    "atomic_write_group", "recover", "is_path", "read_json", "write_key", "TEMP_SUFFIX",
     "JOURNAL_NAME",
 ]
 
@@ -325,13 +325,19 @@ def atomic_write_group(writers: Mapping[Any, Writer]) -> None:
       atomically as one group; file objects are written directly (their
       atomicity is up to their owner).
 
-    Targets are resolved to their real paths (a symbolic link is written
-    through, as ``open`` does).
+    A target that is a symbolic link is replaced by the new file: the link
+    goes, and the file it pointed to is never written (a link planted in a
+    downloaded checkpoint folder cannot redirect a save out of it). Links in
+    the directories above a target are followed.
 
     Raises
     ------
     ValueError
-      Two targets that are the same file; nothing is written then.
+      Two targets that are the same file, or a path without a file name
+      (``''``, a name ending in a separator); nothing is written then.
+
+    IsADirectoryError
+      A target that is an existing directory; nothing is written then.
 
     OSError
       A write that fails (a full disk), naming the target and the cause;
@@ -345,14 +351,14 @@ def atomic_write_group(writers: Mapping[Any, Writer]) -> None:
     seen: set[str] = set()
     for target, write in writers.items():
         if is_path(target):
-            real = os.path.realpath(os.fspath(target))
-            if same_file_key(real) in seen:
+            final = _final_path(target)
+            if os.path.normcase(final) in seen:
                 raise ValueError(
-                    f"Two targets of one save are the same file {real!r}; give each its "
+                    f"Two targets of one save are the same file {final!r}; give each its "
                     "own. Nothing was written."
                 )
-            seen.add(same_file_key(real))
-            paths[real] = write
+            seen.add(os.path.normcase(final))
+            paths[final] = write
     for target, write in writers.items():
         if not is_path(target):
             write(target)
@@ -396,8 +402,40 @@ def atomic_write_group(writers: Mapping[Any, Writer]) -> None:
     recover(directories)
 
 
-def same_file_key(target: Any) -> str:
-    """The absolute path of ``target`` with symbolic links resolved and the
-    case folded where the file system ignores it, so that two spellings of
-    one file compare equal."""
-    return os.path.normcase(os.path.realpath(os.fspath(target)))
+def _final_path(target: Any) -> str:
+    """The path a save writes for ``target``: its directory with links
+    resolved, and its own name (a link there is replaced, not followed).
+
+    Raises
+    ------
+    ValueError
+      For a path without a file name.
+
+    IsADirectoryError
+      For an existing directory.
+    """
+    text = os.fspath(target)
+    base = os.path.basename(text)
+    if base in ("", ".", ".."):
+        raise ValueError(
+            f"Cannot save to {text!r}: it names no file (an empty path, or one ending in a "
+            "separator or '.'). Nothing was written. Fix: pass a file name, e.g. 'model.onnx'."
+        )
+    final = os.path.join(os.path.realpath(os.path.dirname(os.path.abspath(text))), base)
+    if os.path.isdir(final) and not os.path.islink(final):
+        raise IsADirectoryError(
+            errno.EISDIR,
+            f"Cannot save to {text!r}: it is a directory. Nothing was written. Fix: pass a "
+            "file name inside it",
+            text,
+        )
+    return final
+
+
+def write_key(target: Any) -> str:
+    """The path a save of ``target`` writes (links in its directories
+    resolved, not its own name), with the case folded where the file
+    system ignores it: two spellings of one target compare equal."""
+    text = os.fspath(target)
+    directory = os.path.realpath(os.path.dirname(os.path.abspath(text)))
+    return os.path.normcase(os.path.join(directory, os.path.basename(text)))

@@ -41,7 +41,7 @@ from skorch.callbacks import LRScheduler
 from skorch.history import History
 from skorch.utils import _check_f_arguments, get_map_location
 
-from ampnet.io.atomic import atomic_write_group, is_path, recover, same_file_key
+from ampnet.io.atomic import atomic_write_group, is_path, recover, write_key
 from ampnet.exceptions import amp_warn
 from ampnet.io.files import (
     describe_target,
@@ -94,14 +94,17 @@ _MSG_MODULE = (
 
 def _check_distinct_targets(files: dict[str, Any]) -> None:
     """Refuse two ``f_*`` arguments that name one file (or one file object):
-    the later write would replace the earlier one."""
+    the later write would replace the earlier one. A symbolic link is not
+    the file it points to: a save replaces the link itself."""
     seen: list[tuple[str, Any]] = []
     for key, target in files.items():
         for other_key, other in seen:
             if is_path(target) and is_path(other):
-                same = same_file_key(target) == same_file_key(other)
-                if not same and os.path.exists(target) and os.path.exists(other):
-                    same = os.path.samefile(target, other)
+                same = write_key(target) == write_key(other)
+                if not same and not os.path.islink(target) and not os.path.islink(other):
+                    same = os.path.exists(target) and os.path.exists(other) and os.path.samefile(
+                        target, other
+                    )
             else:
                 same = target is other
             if same:
@@ -200,8 +203,9 @@ class PersistenceMixin:
         ------
         ValueError
           A state that safetensors cannot store, or two arguments that name
-          the same file (compared as real paths: ``'a.pt'``, ``'./a.pt'``,
-          a symbolic link to it); nothing is written then.
+          the same file (``'a.pt'``, ``'./a.pt'``, a hard link to it); nothing
+          is written then. A target that is a symbolic link is replaced by the
+          new file; the file it pointed to is not written.
 
         OSError
           A write that fails (a full disk): it names the file and the cause,
