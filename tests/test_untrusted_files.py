@@ -9,6 +9,7 @@ test_fuzz_checkpoint.py covers random corruptions of every file.
 import copy
 import errno
 import json
+import math
 import multiprocessing
 import os
 import pickle
@@ -1582,3 +1583,75 @@ def test_export_to_a_linked_name_replaces_the_link(tmp_path, fitted, data):
     program = torch.export.load(str(target))
     expected = fitted.predict_proba(data[0][:4])
     assert np.allclose(program.module()(torch.as_tensor(data[0][:4])).numpy(), expected, atol=5e-3)
+
+
+# ---- 18.3 / 18.4 int32 step counters of the loss scaler --------------------------
+
+
+def _scaler_steps(scaler, grads):
+    """Run the scaler over steps whose gradient is each of ``grads``; return
+    the scale after each step."""
+    weight = torch.nn.Parameter(torch.ones(1))
+    optimizer = torch.optim.SGD([weight], lr=0.0)
+    scales = []
+    for grad in grads:
+        optimizer.zero_grad()
+        scaler.scale((weight * grad).sum()).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        scales.append(scaler.get_scale())
+    return scales
+
+
+@pytest.mark.parametrize("name", ["growth_interval", "hysteresis"])
+@pytest.mark.parametrize("value", [2**31, 2**40])
+def test_int32_counters_beyond_their_range_are_refused_everywhere(name, value):
+    """Issue 18: growth_interval=2**31 made the scale grow every step and
+    hysteresis=2**31 backed off on every overflow (int32 wrap-around)."""
+    problem = re.escape(f"{name}={value} (int): must be an int >= 1 and at most 2**31 - 1")
+    with pytest.raises(ValueError, match=problem):
+        GradScaler(device="cpu", **{name: value})
+    with pytest.raises(ValueError, match="grad_scaler__" + problem):
+        tiny_net(**{f"grad_scaler__{name}": value}).initialize()
+    net = tiny_net().initialize()
+    before = net.grad_scaler_.get_settings()
+    with pytest.raises(ValueError, match="grad_scaler__" + problem):
+        net.set_params(**{f"grad_scaler__{name}": value})
+    assert net.grad_scaler_.get_settings() == before
+
+
+def test_the_largest_int32_counters_behave_as_huge_not_as_negative():
+    grow = GradScaler(device="cpu", init_scale=8.0, growth_interval=2**31 - 1)
+    assert _scaler_steps(grow, [1.0] * 4) == [8.0] * 4  # never reaches the interval
+    wait = GradScaler(device="cpu", init_scale=8.0, hysteresis=2**31 - 1)
+    assert _scaler_steps(wait, [float("inf")] * 4) == [8.0] * 4  # never backs off
+    assert wait._overflow_streak == 4
+
+
+@pytest.mark.parametrize("field, value", [("_overflow_streak", 2**40), ("_overflow_streak", 2**31),
+                                          ("hysteresis", 2**31), ("growth_interval", 2**40)])
+def test_scaler_file_with_a_counter_beyond_int32_is_refused(tmp_path, saved, field, value):
+    """Issue 18: _overflow_streak = 2**40 passed every check, then partial_fit
+    crashed ('value cannot be converted to type int without overflow')."""
+    state = torch.load(saved["f_grad_scaler"], weights_only=True)
+    state[field] = value
+    bad = str(tmp_path / "s.pt")
+    torch.save(state, bad)
+    refused_unchanged(
+        tiny_net().initialize(), {**saved, "f_grad_scaler": bad},
+        re.escape(f"f_grad_scaler file {bad!r} holds an invalid loss-scaler state"),
+        re.escape(f"'{field}' = {value} (int)"), re.escape("at most 2**31 - 1"),
+    )
+
+
+def test_scaler_file_with_the_largest_streak_loads_and_trains(tmp_path, saved, data):
+    state = torch.load(saved["f_grad_scaler"], weights_only=True)
+    state["_overflow_streak"] = 2**31 - 2
+    state["hysteresis"] = 2**31 - 1
+    path = str(tmp_path / "s.pt")
+    torch.save(state, path)
+    net = tiny_net(grad_scaler__hysteresis=2**31 - 1).initialize()
+    net.load_params(**{**saved, "f_grad_scaler": path})
+    assert net.grad_scaler_._overflow_streak == 2**31 - 2
+    quietly(net.partial_fit, *data)
+    assert math.isfinite(net.grad_scaler_.get_scale())
