@@ -16,7 +16,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 # document the ampnet of this checkout, also where another copy is installed
 sys.path.insert(0, str(ROOT))
-os.environ.setdefault("PYTHONPATH", str(ROOT))  # the notebook kernels import it too
+os.environ["PYTHONPATH"] = os.pathsep.join(  # the notebook kernels import it too
+    [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+)
 
 import ampnet  # noqa: E402
 

@@ -8,7 +8,9 @@ rest: broken references, docstring format, and the notebooks, which it executes.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
+import json
 import re
 import sys
 import types
@@ -111,11 +113,7 @@ def test_build_command_and_footprint_are_documented():
 
 
 def test_the_benchmark_figure_draws_the_performance_tables():
-    spec = importlib.util.spec_from_file_location("benchmark_figure", ROOT / "tools" / "benchmark_figure.py")
-    figure = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(figure)
-    import json
-
+    figure = load_tool("benchmark_figure")
     data = json.loads(figure.DATA.read_text(encoding="utf-8"))
     assert figure.read_tables()["workloads"] == data["workloads"]
     assert figure.PNG.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -222,3 +220,52 @@ def test_python_code_outside_the_run_pages_is_marked():
     for page in set(PAGES) - set(RUN_PAGES):
         for lineno, _, kind, _ in code_blocks(page):
             assert kind == "skip", f"docs/{page}.md:{lineno} runs nowhere; add the page to RUN_PAGES"
+
+
+# ---- the README and the site ----------------------------------------------------------------------------
+
+def load_tool(name: str):
+    qualified = f"ampnet_tools_{name}"
+    if qualified not in sys.modules:  # dataclasses look their module up in sys.modules
+        spec = importlib.util.spec_from_file_location(qualified, ROOT / "tools" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[qualified] = module
+        spec.loader.exec_module(module)
+    return sys.modules[qualified]
+
+
+@pytest.mark.parametrize("readme", ["README.md", "docs/_readme_draft.md"])
+def test_every_readme_section_has_a_home_in_the_docs(readme):
+    """What the README says (or will say, once the draft replaces it) the site says too, so that
+    shrinking the README loses nothing; tools/readme_in_docs.py lists what is missing."""
+    report, missing = load_tool("readme_in_docs").check(ROOT / readme)
+    assert missing == 0, [(e["section"], e["missing"]) for e in report if e["missing"]]
+    assert len(report) > 3
+
+
+def test_readme_in_docs_finds_a_sentence_that_no_page_holds(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(
+        "# x\n\n## Quickstart\n\nEverything skorch does keeps working: callbacks, `partial_fit`, `warm_start`.\n\n"
+        "## New\n\nThis sentence about a flux capacitor is on no page of the site.\n\n"
+        "## Links\n\n<!-- readme-only -->\n\nSee [the site](docs/index.md) for a sentence that no page has.\n",
+        encoding="utf-8")
+    report, missing = load_tool("readme_in_docs").check(readme)
+    assert missing == 1
+    by_title = {e["section"]: e for e in report}
+    assert by_title["Quickstart"]["home"] == "getting_started.md" and not by_title["Quickstart"]["missing"]
+    assert by_title["New"]["missing"] == ["this sentence about a flux capacitor is on no page of the site"]
+    assert by_title["Links"]["home"] == "(README only)"
+
+
+def test_readme_draft_is_short_and_puts_the_cpu_install_first():
+    """The README the site makes possible (docs/_readme_draft.md until it replaces README.md)."""
+    text = (DOCS / "_readme_draft.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) < 200
+    cpu = text.index("download.pytorch.org/whl/cpu")
+    install = text.index('python -m pip install -e ".[dev]" && python -m ampnet')
+    assert cpu < install < text.index("python -m pytest")
+    assert "python -m sphinx -W docs docs/_build/html" in text
+    assert "docs/_static/benchmark.png" in text and "| Scale bounds, hysteresis, static mode |" in text
+    for link in re.findall(r"\]\(((?:docs|notebooks)/[^)#]+)", text):
+        assert (ROOT / link).exists(), link
