@@ -269,3 +269,13 @@ def test_readme_draft_is_short_and_puts_the_cpu_install_first():
     assert "docs/_static/benchmark.png" in text and "| Scale bounds, hysteresis, static mode |" in text
     for link in re.findall(r"\]\(((?:docs|notebooks)/[^)#]+)", text):
         assert (ROOT / link).exists(), link
+
+
+def test_extras_for_tests_and_docs():
+    """The lean ``test`` extra is part of ``dev`` (which runs every test); ``docs`` builds the site."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]
+    assert set(extras["test"]) <= set(extras["dev"])
+    for heavy in ("tensorboard", "nbconvert", "ampnet[onnx,dask]"):
+        assert heavy in extras["dev"] and heavy not in extras["test"]
+    assert {"sphinx>=7", "myst-nb>=1.1", "numpydoc>=1.6", "furo"} <= set(extras["docs"])

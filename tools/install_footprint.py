@@ -34,6 +34,10 @@ GROUPS = {
     "ONNX (`onnx` extra: onnx, onnxruntime, onnxscript)": ["onnx", "onnxruntime", "onnxscript"],
     "Sphinx (`docs` extra, without matplotlib and ipykernel)": ["sphinx>=7", "myst-nb>=1.1", "numpydoc>=1.6",
                                                                "furo"],
+    "the whole `test` extra": ["pytest>=7", "hypothesis", "safetensors", "matplotlib"],
+    "the whole `dev` extra": ["pytest>=7", "hypothesis", "safetensors", "tensorboard", "matplotlib", "nbformat",
+                              "nbclient", "nbconvert", "ipykernel", "onnx", "onnxruntime", "onnxscript",
+                              "dask[distributed]"],
 }
 
 
@@ -70,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
                                                        "https://download.pytorch.org/whl/cpu"],
                         help="pip arguments that install the core's torch")
     parser.add_argument("--keep", type=Path, help="build the environments here and keep them")
+    parser.add_argument("--only", nargs="+", metavar="WORD",
+                        help="measure only the groups whose name holds one of these words")
     args = parser.parse_args(argv)
     top = args.keep or Path(tempfile.mkdtemp(prefix="ampnet-footprint-"))
     try:
@@ -83,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         rows = [("torch (" + " ".join(args.torch) + ")", torch_size),
                 ("ampnet's core: torch, skorch, scikit-learn, numpy", core_size)]
         for i, (name, packages) in enumerate(GROUPS.items()):
+            if args.only and not any(word in name for word in args.only):
+                continue
             where = top / f"group{i}"
             py, site = _make_env(where)
             (site / "_ampnet_core.pth").write_text(str(core_site) + "\n")
