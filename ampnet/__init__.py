@@ -9,7 +9,8 @@ from ampnet.net import AmpNet, AmpNetBinaryClassifier, AmpNetClassifier, AmpNetM
 from ampnet.precision.policy import PrecisionPolicy, resolve_precision
 from ampnet.precision.scaler import GradScaler
 
-__version__ = "0.1.0"
+#: The package version; pyproject.toml reads it from here.
+__version__ = "0.3.0"
 
 __all__ = [
     "AmpNet",
