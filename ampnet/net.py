@@ -575,7 +575,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
 class AmpNet(AmpNetMixin, NeuralNet):
     __doc__ = (
         "skorch's :class:`skorch.NeuralNet` with automatic mixed precision.\n\n"
-        "    Everything skorch's net takes, plus the parameters below.\n"
+        "    Everything skorch's net takes, plus the parameters below.\n\n    "
         + amp_doc(NeuralNet.__doc__)
     )
 

@@ -152,7 +152,7 @@ class PersistenceMixin:
         Every path is written to a temporary file in its directory and
         renamed into place once all files of the call are complete, so a
         process killed at any moment leaves either all old files or all new
-        ones (see :mod:`ampnet.io.atomic`). Open file objects are written
+        ones (see ``ampnet.io.atomic``). Open file objects are written
         directly.
 
         Parameters
@@ -288,7 +288,7 @@ class PersistenceMixin:
         net's own scaler settings (``grad_scaler__*``) stay in force, and an
         :class:`.AmpWarning` names each setting that differed in the file.
         For loads across precisions (float16, bfloat16, off) see the table
-        in :mod:`ampnet.io.persistence`.
+        in ``ampnet.io.persistence``.
 
         Parameters
         ----------
@@ -538,7 +538,7 @@ class PersistenceMixin:
         """Check a scaler state against this net's scaler; return the step
         that loads it.
 
-        See the table in :mod:`ampnet.io.persistence` for each precision pair.
+        See the table in ``ampnet.io.persistence`` for each precision pair.
         """
         scaler = self.grad_scaler_
         snapshot = lambda: snapshot_attributes(scaler)  # noqa: E731
