@@ -293,7 +293,8 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
             if not any(k.startswith(name + "__") or (k == "lr" and name == "optimizer") for k in changed):
                 continue
             factory = getattr(self, name, None)
-            if callable(factory):
+            # a distributed optimizer (ZeroRedundancyOptimizer) talks to its peers when built
+            if callable(factory) and not getattr(factory, "__module__", "").startswith("torch.distributed"):
                 args, kwargs = self.get_params_for_optimizer(name, self.get_all_learnable_params())
                 factory(*args, **kwargs)
 
