@@ -32,6 +32,7 @@ from ampnet.doctor_hooks import adapt_recording_hooks
 from ampnet.exceptions import amp_warn
 from ampnet.warning_site import SITE_ATTRIBUTE, user_site
 from ampnet.net_repr import add_amp_params
+from ampnet.output_checks import check_loss_inputs
 from ampnet.conversion import ConversionMixin
 from ampnet.io.persistence import PersistenceMixin
 from ampnet.parallel import Parallel, build_parallel
@@ -476,7 +477,13 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
                 raise
 
     def get_loss(self, y_pred, y_true, X=None, training=False):
-        """Loss in the precision context (from the float32 outputs of :meth:`infer`)."""
+        """Loss in the precision context (from the float32 outputs of :meth:`infer`).
+
+        On the first training batch of an epoch, outputs and targets are
+        checked for two natural mistakes (logits with ``NLLLoss``, float
+        ``y`` for class indices; :mod:`ampnet.output_checks`)."""
+        if training and (not self.history or len(self.history[-1].get("batches", ())) <= 1):
+            check_loss_inputs(self, y_pred, y_true)
         with self.precision_.forward_context():
             return super().get_loss(y_pred, y_true, X=X, training=training)
 
