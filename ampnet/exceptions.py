@@ -38,7 +38,7 @@ def amp_warn(message: str, category: type[Warning] = AmpWarning) -> None:
     in the main thread (joblib's threading backend), else at the line
     recorded when the net was pickled to this process (loky's worker
     processes: the user's ``search.fit(X, y)``, see
-    :mod:`ampnet.warning_site`), else at the caller of this function.
+    ``ampnet.warning_site``), else at the caller of this function.
     """
     caller = sys._getframe(1)
     frame, depth = user_frame(caller)

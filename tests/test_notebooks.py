@@ -6,6 +6,7 @@ import base64
 import json
 import os
 import shlex
+import re
 import struct
 import subprocess
 import sys
@@ -126,3 +127,6 @@ def test_precision_control(tmp_path):
     assert "Recommended amp_fp32_modules: ['big']" in text
     assert "head (input, output): (torch.float32, torch.float32)" in text
     assert "same predicted class: 1.0" in text
+    # the flight recorder: SGD updates round away in bfloat16 without master weights, not with them
+    lost = {m: float(v) for m, v in re.findall(r"master weights (\w+) *: lost updates per epoch \[([\d.]+)", text)}
+    assert lost["False"] > 0.5 and lost["True"] < 0.01, lost

@@ -168,8 +168,10 @@ def test_training_step_warning_points_at_fit():
     with Recorder() as rec:
         line = here()
         net.fit(X, y)
-    (w,) = rec.amp("holds NaN or inf")
+    (w,) = rec.amp("holds NaN or inf in its input")
     assert_at(w, line)
+    (end,) = rec.amp("non-finite training loss")  # the NaN batch's loss, at the end of fit
+    assert_at(end, line)
 
 
 def test_callback_warning_points_at_fit(tmp_path):
