@@ -474,10 +474,12 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
     def get_loss(self, y_pred, y_true, X=None, training=False):
         """Loss in the precision context (from the float32 outputs of :meth:`infer`).
 
-        On the first training batch of an epoch, outputs and targets are
+        On the first training batch of a fit, outputs and targets are
         checked for two natural mistakes (logits with ``NLLLoss``, float
         ``y`` for class indices; :mod:`ampnet.output_checks`)."""
-        if training and (not self.history or len(self.history[-1].get("batches", ())) <= 1):
+        state = self.__dict__.get("amp_step_state_")
+        if training and state is not None and state.check_loss_inputs:
+            state.check_loss_inputs = False
             check_loss_inputs(self, y_pred, y_true)
         with self.precision_.forward_context():
             return super().get_loss(y_pred, y_true, X=X, training=training)
@@ -495,6 +497,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
             scaler.scaled_in_step = False
         state = self.amp_step_state_
         state.micro_batches = 0
+        state.check_loss_inputs = True
         state.scale = None
         state.recorder = None  # an AmpMonitor among the callbacks attaches one
         steps.current_scale(self)  # before the first scale(): no read

@@ -11,7 +11,8 @@ skorch trains on, silently, with two mistakes that a new user makes:
 
 :func:`check_loss_inputs` raises a ``ValueError`` naming the mistake and the
 fix. The net calls it in ``get_loss`` for the first training batch of each
-epoch only: one reduction of the batch's outputs, one read on the host.
+``fit`` or ``partial_fit`` only: a reduction of the batch's outputs and one
+read on the host, for a classifier with ``NLLLoss``; none otherwise.
 Outputs that are probabilities (a softmax in ``forward``), binary
 classifiers (``BCEWithLogitsLoss``) and probability targets for
 ``CrossEntropyLoss`` (``y`` of the output's shape) pass.
@@ -58,24 +59,22 @@ def _check_target(net: Any, criterion: Any, y_pred: torch.Tensor, y_true: Any) -
 def _check_probabilities(net: Any, y_pred: torch.Tensor) -> None:
     if y_pred.dim() < 2 or not y_pred.is_floating_point() or y_pred.shape[1] < 2:
         return
-    pred = y_pred.detach().float()
+    pred = y_pred.detach()
     sums = pred.sum(dim=1)
     finite = torch.isfinite(sums)  # non-finite outputs are the step's guard's business
-    if not bool(finite.any()):
+    negative = pred.amin(dim=1) < 0
+    off = (sums - 1).abs() > PROBABILITY_TOLERANCE
+    if not bool(((negative | off) & finite).any()):  # the one host read
         return
     rows = pred.movedim(1, -1)[finite]
-    low, high = rows.min(), rows.max()
     sums = sums[finite]
-    bad = bool(low < 0) or bool(((sums - 1).abs() > PROBABILITY_TOLERANCE).any())
-    if not bad:
-        return
     raise ValueError(
         f"{type(net).__name__} trains with criterion=NLLLoss (skorch's default for a "
         "classifier), which takes the log of the module's output as class probabilities, but "
         f"{_module_name(net)} does not return probabilities: on the first training batch its "
-        f"outputs range from {float(low):.3g} to {float(high):.3g} and its rows sum to "
-        f"{float(sums.min()):.3g} ... {float(sums.max()):.3g}, not 1 (logits?). Training on "
-        "them gives NaN losses and a useless model. Fix: criterion=torch.nn.CrossEntropyLoss "
+        f"outputs range from {float(rows.min()):.3g} to {float(rows.max()):.3g} and its rows "
+        f"sum to {float(sums.min()):.3g} ... {float(sums.max()):.3g}, not 1 (logits?). Training "
+        "on them gives NaN losses and a useless model. Fix: criterion=torch.nn.CrossEntropyLoss "
         "for a module that returns logits (predict_proba then applies the softmax), or end "
         "the module's forward with torch.softmax(..., dim=-1)."
     )

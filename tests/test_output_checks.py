@@ -106,11 +106,13 @@ def test_valid_setups_train(setup, amp):
     assert len(losses) == 2 and np.isfinite(losses).all()
 
 
-def test_checked_on_the_first_training_batch_of_each_epoch_only(monkeypatch):
+def test_checked_on_the_first_training_batch_of_a_fit_only(monkeypatch):
     calls = []
     real = ampnet.net.check_loss_inputs
     monkeypatch.setattr(ampnet.net, "check_loss_inputs",
                         lambda net, y_pred, y_true: calls.append(len(y_pred)) or real(net, y_pred, y_true))
     X, y = data()
-    make(module=Softmax, max_epochs=3, train_split=None).fit(X, y)  # 4 batches an epoch
-    assert calls == [16, 16, 16]
+    net = make(module=Softmax, max_epochs=3, batch_size=24).fit(X, y)  # 3 batches an epoch
+    assert calls == [24]
+    net.partial_fit(X[:16], y[:16])  # each fit call: the module may have changed
+    assert calls == [24, 16]
