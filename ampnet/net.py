@@ -33,6 +33,7 @@ from ampnet.warning_site import SITE_ATTRIBUTE, user_site
 from ampnet.flight import nonfinite_loss_message
 from ampnet.net_repr import add_amp_params
 from ampnet.net_state import all_or_nothing
+from ampnet.output_checks import check_loss_inputs
 from ampnet.conversion import ConversionMixin
 from ampnet.io.persistence import PersistenceMixin
 from ampnet.parallel import Parallel, build_parallel
@@ -483,7 +484,15 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
                 raise
 
     def get_loss(self, y_pred, y_true, X=None, training=False):
-        """Loss in the precision context (from the float32 outputs of :meth:`infer`)."""
+        """Loss in the precision context (from the float32 outputs of :meth:`infer`).
+
+        On the first training batch of a fit, outputs and targets are
+        checked for two natural mistakes (logits with ``NLLLoss``, float
+        ``y`` for class indices; :mod:`ampnet.output_checks`)."""
+        state = self.__dict__.get("amp_step_state_")
+        if training and state is not None and state.check_loss_inputs:
+            state.check_loss_inputs = False
+            check_loss_inputs(self, y_pred, y_true)
         with self.precision_.forward_context():
             return super().get_loss(y_pred, y_true, X=X, training=training)
 
@@ -500,6 +509,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
             scaler.scaled_in_step = False
         state = self.amp_step_state_
         state.micro_batches = 0
+        state.check_loss_inputs = True
         state.scale = None
         state.recorder = None  # an AmpMonitor among the callbacks attaches one
         steps.current_scale(self)  # before the first scale(): no read
