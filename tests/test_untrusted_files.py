@@ -1655,3 +1655,130 @@ def test_scaler_file_with_the_largest_streak_loads_and_trains(tmp_path, saved, d
     assert net.grad_scaler_._overflow_streak == 2**31 - 2
     quietly(net.partial_fit, *data)
     assert math.isfinite(net.grad_scaler_.get_scale())
+
+
+# ---- 18.5 scheduler states are range-checked, not only type-checked --------------
+
+_SCHEDULERS = {
+    "StepLR": dict(step_size=1, gamma=0.5),
+    "MultiStepLR": dict(milestones=[1, 3], gamma=0.5),
+    "ExponentialLR": dict(gamma=0.9),
+    "LinearLR": dict(start_factor=0.5, total_iters=3),
+    "PolynomialLR": dict(total_iters=4, power=2.0),
+    "CosineAnnealingLR": dict(T_max=4),
+    "ReduceLROnPlateau": dict(monitor="train_loss", factor=0.5),
+    "OneCycleLR": dict(max_lr=0.1, total_steps=40),
+}
+
+
+def _policy_checkpoint(tmp_path, data, policy):
+    """A checkpoint after one epoch with an LRScheduler of ``policy``."""
+    cb = LRScheduler(getattr(torch.optim.lr_scheduler, policy), **_SCHEDULERS[policy])
+    cp = Checkpoint(monitor=None, dirname=str(tmp_path / policy))
+    torch.manual_seed(0)
+    quietly(tiny_net(callbacks=[cb, cp], max_epochs=1).fit, *data)
+    return cp
+
+
+def _policy_net(policy):
+    cb = LRScheduler(getattr(torch.optim.lr_scheduler, policy), **_SCHEDULERS[policy])
+    return tiny_net(callbacks=[cb]).initialize()
+
+
+def _edit_scheduler_state(cp, edit):
+    path = os.path.join(cp.dirname, "lr_schedulers.json")
+    data = json.loads(Path(path).read_text())
+    edit(data["schedulers"]["LRScheduler"]["state"])
+    Path(path).write_text(json.dumps(data))
+    return path
+
+
+def _set(key, value):
+    def edit(state):
+        state[key] = value
+    return edit
+
+
+_NAN, _INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize(
+    "policy, edit, problem",
+    [
+        ("StepLR", _set("step_size", 0), r"\['step_size'\] = 0 \(int\) must be an int in \[1, 2\*\*53\]"),
+        ("StepLR", _set("gamma", _NAN), r"\['gamma'\] = nan \(float\) must be a finite number in \(0, 1000\]"),
+        ("StepLR", _set("gamma", -1e300), r"\['gamma'\] = -1e\+300 \(float\) must be a finite number in \(0,"),
+        ("StepLR", _set("gamma", 1e300), r"\['gamma'\] = 1e\+300 \(float\) must be a finite number in \(0,"),
+        ("StepLR", _set("last_epoch", -5), r"\['last_epoch'\] = -5 \(int\) must be an int in \[-1, 2\*\*53\]"),
+        ("StepLR", _set("_step_count", 2**60), r"\['_step_count'\] = 1152921504606846976 \(int\) must be an int"),
+        ("StepLR", _set("base_lrs", [-0.1]), r"\['base_lrs'\] = \[-0.1\] \(list\) must be a list of finite numbers >= 0"),
+        ("StepLR", _set("_last_lr", [_INF]), r"\['_last_lr'\] = \[inf\] \(list\) must be a list of finite"),
+        ("MultiStepLR", _set("milestones", {"x": 1}), r"\['milestones'\] = \{'x': 1\} \(dict\) must map epochs"),
+        ("MultiStepLR", _set("milestones", {"2": -1}), r"\['milestones'\] = Counter\(\{2: -1\}\) \(Counter\) must map"),
+        ("MultiStepLR", _set("gamma", _NAN), r"\['gamma'\] = nan \(float\) must be a finite number"),
+        ("ExponentialLR", _set("gamma", 0.0), r"\['gamma'\] = 0.0 \(float\) must be a finite number in \(0, 1000\]"),
+        ("LinearLR", _set("start_factor", 0.0), r"\['start_factor'\] = 0.0 \(float\) must be a finite number in \(0, 1\]"),
+        ("LinearLR", _set("end_factor", 2.0), r"\['end_factor'\] = 2.0 \(float\) must be a finite number in \[0, 1\]"),
+        ("PolynomialLR", _set("total_iters", 0), r"\['total_iters'\] = 0 \(int\) must be an int in \[1, 2\*\*53\]"),
+        ("PolynomialLR", _set("power", -1.0), r"\['power'\] = -1.0 \(float\) must be a finite number in \[0, 1000\]"),
+        ("CosineAnnealingLR", _set("T_max", 0), r"\['T_max'\] = 0 \(int\) must be a finite number in \(0, "),
+        ("CosineAnnealingLR", _set("eta_min", -1.0), r"\['eta_min'\] = -1.0 \(float\) must be a finite number in \[0, inf\]"),
+        ("ReduceLROnPlateau", _set("factor", 1.5), r"\['factor'\] = 1.5 \(float\) must be a finite number in \[0, 1\)"),
+        ("ReduceLROnPlateau", _set("patience", -1), r"\['patience'\] = -1 \(int\) must be an int in \[0, 2\*\*53\]"),
+        ("ReduceLROnPlateau", _set("best", _NAN), r"\['best'\] = nan \(float\) must be a number \(not NaN\)"),
+        ("ReduceLROnPlateau", _set("mode", "up"), r"\['mode'\] = 'up' \(str\) must be one of 'min', 'max'"),
+        ("OneCycleLR", _set("total_steps", 0), r"\['total_steps'\] = 0 \(int\) must be an int in \[1, 2\*\*53\]"),
+        (
+            "OneCycleLR",
+            lambda s: s["_schedule_phases"][0].update(start_lr="lr"),
+            r"\['_schedule_phases'\]\[0\]\['start_lr'\] = 'lr' \(str\) must be one of",
+        ),
+        (   # every field in range, but the phases end on the same step: the trial step divides by zero
+            "OneCycleLR",
+            lambda s: [p.update(end_step=2.0) for p in s["_schedule_phases"]],
+            r"makes the scheduler fail to step \(ZeroDivisionError",
+        ),
+    ],
+)
+@pytest.mark.parametrize("path", ["LoadInitState", "load_params"])
+def test_scheduler_fields_out_of_range_are_refused(tmp_path, data, policy, edit, problem, path):
+    """Issue 18: step_size 0 crashed the resumed fit (ZeroDivisionError);
+    gamma NaN or -1e300 loaded and made the learning rate NaN or -3.6e298."""
+    cp = _policy_checkpoint(tmp_path, data, policy)
+    target = _edit_scheduler_state(cp, edit)
+    net = _policy_net(policy)
+    cb = dict(net.callbacks_)["LRScheduler"]
+    if path == "load_params":
+        cb.on_train_begin(net)  # running, as during training
+    scheduler_before = copy.deepcopy(cb.lr_scheduler_.state_dict()) if cb.lr_scheduler_ else None
+    before = snapshot(net)
+    with pytest.raises(ValueError, match=problem) as info:
+        if path == "LoadInitState":
+            LoadInitState(cp).initialize().on_train_begin(net)
+        else:
+            net.load_params(checkpoint=cp)
+    info.match(re.escape(f"f_lr_schedulers file {target!r} holds an invalid state for scheduler 'LRScheduler'"))
+    info.match(re.escape("schedulers['LRScheduler']['state']"))
+    assert differences(snapshot(net), before) == []
+    if path == "load_params":
+        assert differences(cb.lr_scheduler_.state_dict(), scheduler_before) == []
+
+
+@pytest.mark.parametrize("policy", sorted(_SCHEDULERS))
+def test_every_stock_scheduler_resumes_as_saved(tmp_path, data, policy):
+    """The range checks accept what the schedulers save; MultiStepLR's
+    milestones (a Counter, whose int keys JSON turns into strings) resume
+    as ints (before issue 18 a MultiStepLR checkpoint could not be loaded)."""
+    cp = _policy_checkpoint(tmp_path, data, policy)
+    saved = json.loads(Path(cp.dirname, "lr_schedulers.json").read_text())["schedulers"]["LRScheduler"]
+    net = _policy_net(policy)
+    cb = dict(net.callbacks_)["LRScheduler"]
+    lis = LoadInitState(cp).initialize()
+    lis.on_train_begin(net)
+    cb.on_train_begin(net)
+    lis.on_epoch_begin(net)  # restores the saved scheduler state
+    state = cb.lr_scheduler_.state_dict()
+    assert json.loads(json.dumps(state)) == saved["state"]
+    if policy == "MultiStepLR":
+        assert state["milestones"] == {1: 1, 3: 1} and all(type(k) is int for k in state["milestones"])
+    assert net.optimizer_.param_groups[0]["lr"] == pytest.approx(saved["state"]["_last_lr"][0])
