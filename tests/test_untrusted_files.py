@@ -1782,3 +1782,36 @@ def test_every_stock_scheduler_resumes_as_saved(tmp_path, data, policy):
     if policy == "MultiStepLR":
         assert state["milestones"] == {1: 1, 3: 1} and all(type(k) is int for k in state["milestones"])
     assert net.optimizer_.param_groups[0]["lr"] == pytest.approx(saved["state"]["_last_lr"][0])
+
+
+# ---- 18.6 a rolled-back load leaves no amp_fp32_modules='auto' choice behind -------
+
+
+def test_rolled_back_load_undoes_the_saved_auto_choice(tmp_path, saved, monkeypatch, data):
+    """Issue 18: the parameters file's load hook recorded its saved 'auto'
+    choice, and a rollback kept it: the net then trained with the saved
+    layout instead of probing its own."""
+    from ampnet.precision.auto import METADATA_KEY, find_auto_hooks
+
+    net = tiny_net(amp_fp32_modules="auto").initialize()
+    assert net.amp_layout_.auto_fp32_modules is None  # the first fit probes
+    state = net.module_.state_dict()
+    state._metadata[""][METADATA_KEY] = ["hidden"]
+    params = str(tmp_path / "auto.pt")
+    torch.save(state, params)
+
+    def fail(state):
+        raise Boom("disk gone")
+
+    monkeypatch.setattr(net.grad_scaler_, "load_state_dict", fail)
+    with pytest.raises(ValueError, match="Everything was rolled back"):
+        net.load_params(f_params=params, f_grad_scaler=saved["f_grad_scaler"])
+    assert find_auto_hooks(net.module_).loaded is None
+    monkeypatch.undo()
+    quietly(net.partial_fit, *data)
+    assert net.amp_layout_.auto_fp32_modules == ()  # its own probe: Tiny never overflows
+    # without the failure the saved choice is taken
+    other = tiny_net(amp_fp32_modules="auto").initialize()
+    other.load_params(f_params=params)
+    quietly(other.partial_fit, *data)
+    assert other.amp_layout_.auto_fp32_modules == ("hidden",)
