@@ -1815,3 +1815,48 @@ def test_rolled_back_load_undoes_the_saved_auto_choice(tmp_path, saved, monkeypa
     other.load_params(f_params=params)
     quietly(other.partial_fit, *data)
     assert other.amp_layout_.auto_fp32_modules == ("hidden",)
+
+
+# ---- 18.7 export with an integer X_example -----------------------------------------
+
+
+def test_export_with_integer_features_is_refused_clearly(tmp_path, fitted, data):
+    """Issue 18: an integer X_example wrote an ONNX file that ONNX Runtime
+    could not load (Gemm bound to int64 and float)."""
+    pytest.importorskip("onnxscript")
+    X = np.round(data[0][:4] * 10).astype(np.int64)
+    for fmt, name in (("onnx", "m.onnx"), ("torch.export", "m.pt2")):
+        with pytest.raises(ValueError, match=r"X_example holds int64 values, but Tiny fails on them \(RuntimeError") as info:
+            fitted.export(str(tmp_path / name), X, format=fmt)
+        info.match(r"Fix: pass X_example.astype\(numpy.float32\)")
+        assert os.listdir(tmp_path) == []
+    # the float version exports and runs in ONNX Runtime
+    ort = pytest.importorskip("onnxruntime")
+    path = fitted.export(str(tmp_path / "m.onnx"), X.astype(np.float32))
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    out = session.run(None, {"input": X.astype(np.float32)})[0]
+    assert out.dtype == np.float32
+    assert np.allclose(out, fitted.predict_proba(X.astype(np.float32)), atol=5e-3)
+
+
+class Embedded(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(10, 4)
+        self.out = torch.nn.Linear(4, 2)
+
+    def forward(self, X):
+        return torch.softmax(self.out(self.emb(X).mean(1)), dim=-1)
+
+
+def test_export_keeps_integer_input_for_an_embedding(tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    X = np.random.RandomState(0).randint(0, 10, size=(32, 3)).astype(np.int64)
+    y = (X[:, 0] > 4).astype(np.int64)
+    torch.manual_seed(0)
+    net = AmpNetClassifier(Embedded, max_epochs=1, train_split=None, verbose=0).fit(X, y)
+    path = net.export(str(tmp_path / "e.onnx"), X[:4])
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    assert session.get_inputs()[0].type == "tensor(int64)"
+    assert np.allclose(session.run(None, {"input": X[:8]})[0], net.predict_proba(X[:8]), atol=1e-5)
