@@ -143,7 +143,14 @@ def _check_path(path: Any) -> str:
             f"path must be a file name (str or os.PathLike); got {type(path).__name__}. "
             "Fix: pass e.g. 'model.onnx' or 'model.pt2'."
         )
-    return os.fspath(path)
+    path = os.fspath(path)
+    if os.path.basename(path) in ("", ".", "..") or (os.path.isdir(path) and not os.path.islink(path)):
+        raise ValueError(
+            f"path must name a file; got {path!r}, "
+            + ("a directory. " if path and os.path.isdir(path) else "which names no file. ")
+            + "Nothing was written. Fix: pass e.g. 'model.onnx' or os.path.join(folder, 'model.onnx')."
+        )
+    return path
 
 
 def _example_tensor(X_example: Any, dtype: torch.dtype) -> torch.Tensor:

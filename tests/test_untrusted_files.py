@@ -1860,3 +1860,47 @@ def test_export_keeps_integer_input_for_an_embedding(tmp_path):
     session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
     assert session.get_inputs()[0].type == "tensor(int64)"
     assert np.allclose(session.run(None, {"input": X[:8]})[0], net.predict_proba(X[:8]), atol=1e-5)
+
+
+# ---- 18.8 a failed save or export leaves no temporary file -----------------------
+
+
+def _debris(*folders):
+    return [
+        os.path.join(folder, name) for folder in folders for name in os.listdir(folder)
+        if name.endswith(TEMP_SUFFIX)
+    ]
+
+
+def test_export_onto_a_directory_or_an_empty_path_leaves_nothing(tmp_path, fitted, data, monkeypatch):
+    """Issue 18: a failed export onto a directory left a model-sized
+    .ampnet-tmp file; export('') left one in the parent of the working
+    directory."""
+    work = tmp_path / "work"
+    (work / "model.pt2").mkdir(parents=True)
+    monkeypatch.chdir(work)
+    with pytest.raises(ValueError, match=r"path must name a file; got 'model.pt2', a directory"):
+        fitted.export("model.pt2", data[0][:4], format="torch.export")
+    with pytest.raises(ValueError, match=r"path must name a file; got '', which names no file"):
+        fitted.export("", data[0][:4], format="torch.export")
+    assert _debris(work, tmp_path, work / "model.pt2") == []
+    assert sorted(os.listdir(work)) == ["model.pt2"] and os.listdir(work / "model.pt2") == []
+
+
+def test_a_failed_rename_removes_its_temporary_file(tmp_path, fitted, monkeypatch):
+    """The last step of a one-file save (the rename) fails: the temporary
+    file goes, and the error names the target."""
+    target = tmp_path / "params.pt"
+    target.write_bytes(b"old")
+
+    def refuse(src, dst):
+        raise PermissionError(errno.EACCES, "Permission denied", dst)
+
+    monkeypatch.setattr(os, "replace", refuse)
+    with pytest.raises(PermissionError, match=re.escape(f"Could not write {str(target)!r}: Permission denied")):
+        fitted.save_params(f_params=str(target))
+    monkeypatch.undo()
+    assert _debris(tmp_path) == [] and target.read_bytes() == b"old"
+    with pytest.raises(IsADirectoryError, match="it is a directory. Nothing was written"):
+        fitted.save_params(f_params=str(tmp_path))
+    assert _debris(tmp_path, tmp_path.parent) == []
