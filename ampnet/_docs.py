@@ -9,6 +9,11 @@ AMP_DOC = """
       Train and predict with automatic mixed precision. With False the net
       trains as the skorch net it replaces, bitwise, except that a step
       with non-finite gradients is skipped (see ``amp_skip_nonfinite``).
+      With AMP on, a ``torch.optim`` optimizer whose kernel is not set
+      (``optimizer__fused``/``optimizer__foreach``) uses its fused kernel
+      where torch has one that works for the device and parameter dtype
+      (Adam, AdamW, SGD, Adagrad), else foreach
+      (:mod:`ampnet.precision.kernels`).
 
     amp_dtype : str or torch.dtype (default='auto')
       The low-precision dtype: ``'float16'`` (``'fp16'``, ``'half'``),

@@ -37,6 +37,7 @@ from ampnet.parallel import Parallel, build_parallel
 from ampnet.precision.auto import resolve_auto_fp32
 from ampnet.precision.component import Precision, build_scaler
 from ampnet.precision.devices import check_device
+from ampnet.precision.kernels import kernel_defaults, keep_kernels
 from ampnet.precision.no_effect import warn_ineffective_settings
 from ampnet.precision.plan import PrecisionLayout
 from ampnet.precision.policy import PrecisionPolicy
@@ -206,6 +207,18 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
             )
         return self
 
+    def get_params_for_optimizer(self, prefix: str, named_parameters: Any) -> tuple[tuple, dict]:
+        """skorch's optimizer arguments; with AMP on, the optimizer's fused
+        kernel (else foreach) unless ``fused``/``foreach`` is set (see
+        :mod:`ampnet.precision.kernels`)."""
+        args, kwargs = super().get_params_for_optimizer(prefix, named_parameters)
+        prec = self.__dict__.get("precision_")
+        if prec is not None and prec.enabled and args:
+            groups = args[0]
+            params = [p for g in groups for p in (g["params"] if isinstance(g, dict) else [g])]
+            kwargs = {**kwargs, **kernel_defaults(getattr(self, prefix, None), kwargs, params)}
+        return args, kwargs
+
     def _initialize_optimizer(self, reason: str | None = None) -> "AmpNetMixin":
         super()._initialize_optimizer(reason=reason)
         self.precision_.check_optimizers([(n, getattr(self, n + "_")) for n in self._optimizers])
@@ -332,7 +345,8 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         self._initialize_optimizer(reason=self._format_reinit_msg("optimizer", dict.fromkeys(changed)))
         for name, state in states.items():
             try:
-                getattr(self, name + "_").load_state_dict(state)
+                optimizer = getattr(self, name + "_")
+                optimizer.load_state_dict(keep_kernels(optimizer, state))
             except ValueError as exc:
                 amp_warn(
                     f"The state of {name} could not be carried over after changing "

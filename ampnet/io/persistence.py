@@ -69,6 +69,7 @@ from ampnet.io.rollback import (
     snapshot_optimizer,
 )
 from ampnet.precision.compensated import drop_compensation
+from ampnet.precision.kernels import keep_kernels
 from ampnet.precision.scaler_checks import validate_scaler_state
 from ampnet.io.schedulers import (
     dumps_lr_scheduler_states,
@@ -479,6 +480,7 @@ class PersistenceMixin:
                         modules.append(self._plan_module_without_compensation(obj, state, source, extra, stale))
                         continue
                 elif isinstance(obj, torch.optim.Optimizer):
+                    state = keep_kernels(obj, state)  # the net's fused/foreach, not the file's
                     check_optimizer_state(obj, state, source, attr)
                     snapshot = lambda obj=obj: snapshot_optimizer(obj)  # noqa: E731
                 else:
