@@ -79,7 +79,15 @@ AMP_DOC = """
       ``dynamic``, ``enabled``). It is enabled for float16 only, unless
       ``grad_scaler__enabled`` says otherwise. ``torch.amp.GradScaler``
       works too (its own settings; no bounds or hysteresis; it costs a
-      second host read per step, for the new scale).
+      second host read per step, for the new scale). An instance is a
+      hyper-parameter: the net trains a copy on its own device (disabled,
+      with the instance's settings, where no loss scaling runs, so that
+      one net serves a grid over ``amp_enabled`` or ``amp_dtype``). A
+      float16 net refuses, with a ``ValueError`` at ``initialize()``, a
+      scaler that cannot scale on its device instead of training
+      unscaled: ``torch.amp.GradScaler('cuda')`` made on a machine
+      without CUDA (torch disabled it and dropped its settings), and the
+      CUDA-only ``torch.cuda.amp.GradScaler`` class on another device.
 
     gradient_accumulation_steps : int (default=1)
       Micro-batches whose gradients are summed before one optimizer step.

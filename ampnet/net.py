@@ -27,10 +27,11 @@ from skorch.regressor import NeuralNetRegressor
 
 from ampnet import step as steps
 from ampnet._docs import amp_doc
-from ampnet._tree import iter_tensors
 from ampnet.callbacks.checkpoint import epochs_to_run
 from ampnet.doctor_hooks import adapt_recording_hooks
 from ampnet.exceptions import amp_warn
+from ampnet.warning_site import SITE_ATTRIBUTE, user_site
+from ampnet.flight import nonfinite_loss_message
 from ampnet.net_repr import add_amp_params
 from ampnet.conversion import ConversionMixin
 from ampnet.io.persistence import PersistenceMixin
@@ -42,6 +43,7 @@ from ampnet.precision.autotune import (
 from ampnet.precision.component import Precision, build_scaler
 from ampnet.precision.compensated import KEY as COMPENSATION_KEY, compensation_of
 from ampnet.precision.devices import check_device
+from ampnet.precision.inputs import autocast_dtype_error
 from ampnet.precision.kernels import kernel_defaults, keep_kernels
 from ampnet.precision.no_effect import warn_ineffective_settings
 from ampnet.precision.plan import PrecisionLayout
@@ -608,15 +610,9 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
             try:
                 return prec.convert_output(super().infer(x, **fit_params))
             except RuntimeError as exc:
-                text = str(exc)
-                if prec.enabled and ("dtype" in text or "scalar type" in text or "type (" in text):
-                    dtypes = [str(t.dtype) for t in iter_tensors(x)]
-                    raise TypeError(
-                        f"The module failed under {prec.policy.name} autocast with an input of "
-                        f"dtype {', '.join(dtypes) or type(x).__name__}: {text}. Fix: pass float32 "
-                        "features (e.g. X.astype(numpy.float32)); integer inputs only suit layers "
-                        "such as nn.Embedding."
-                    ) from exc
+                error = autocast_dtype_error(exc, x, self.__dict__.get("module_"), prec.policy.name)
+                if prec.enabled and error is not None:
+                    raise error from exc
                 raise
 
     def get_loss(self, y_pred, y_true, X=None, training=False):
@@ -638,18 +634,25 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         state = self.amp_step_state_
         state.micro_batches = 0
         state.scale = None
+        state.recorder = None  # an AmpMonitor among the callbacks attaches one
         steps.current_scale(self)  # before the first scale(): no read
 
     def on_epoch_begin(self, net, dataset_train=None, dataset_valid=None, **kwargs):
         super().on_epoch_begin(net, dataset_train=dataset_train, dataset_valid=dataset_valid, **kwargs)
         state = self.amp_step_state_
         state.micro_batches, state.epoch_skips, state.stepped_epoch = 0, 0, set()
-        state.bad_input = None
+        state.bad_input, state.losses = None, []
         self.parallel_.begin_epoch(len(self.history))
 
     def on_epoch_end(self, net, dataset_train=None, dataset_valid=None, **kwargs):
         super().on_epoch_end(net, dataset_train=dataset_train, dataset_valid=dataset_valid, **kwargs)
         steps.record_epoch(self)
+
+    def on_train_end(self, net, X=None, y=None, **kwargs):
+        super().on_train_end(net, X=X, y=y, **kwargs)
+        message = nonfinite_loss_message(self)  # the last epoch's training loss is NaN/inf
+        if message:
+            amp_warn(message)
 
     def notify(self, method_name: str, **cb_kwargs: Any) -> None:
         getattr(self, method_name)(self, **cb_kwargs)
@@ -669,6 +672,14 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
 
     # ---- pickling and trimming ---------------------------------------------
 
+    def __getstate__(self):
+        state = super().__getstate__()
+        # where the user sent this net from: a warning in a search's worker
+        # process, where no frame is the user's, points there
+        site = user_site()
+        state[SITE_ATTRIBUTE] = tuple(site) if site is not None else None
+        return state
+
     def __setstate__(self, state):
         super().__setstate__(state)
         # a net pickled on a GPU and loaded where there is none runs on the
@@ -683,15 +694,33 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         return add_amp_params(super().__repr__(), self)
 
     def trim_for_prediction(self):
-        """skorch's trim; the float32 master weights are dropped as well."""
-        super().trim_for_prediction()
+        """skorch's trim; the float32 master weights are dropped as well.
+
+        ``predict_proba``'s nonlinearity is kept: with
+        ``predict_nonlinearity='auto'`` skorch infers it from the criterion,
+        which the trim removes (softmax would silently become the identity,
+        for ``predict_proba`` and for :meth:`export`), so it is resolved
+        before the criterion goes.
+        """
+        if not getattr(self, "_trimmed_for_prediction", False):
+            self.check_is_fitted()
+            nonlinearity = self._get_predict_nonlinearity()
+            super().trim_for_prediction()
+            self._trimmed_nonlinearity = nonlinearity
         self.precision_.drop_masters(self.__dict__.get("module_"))
+
+    def _get_predict_nonlinearity(self):
+        kept = self.__dict__.get("_trimmed_nonlinearity")
+        if kept is not None and isinstance(self.predict_nonlinearity, str) \
+                and self.predict_nonlinearity == "auto":
+            return kept
+        return super()._get_predict_nonlinearity()
 
 
 class AmpNet(AmpNetMixin, NeuralNet):
     __doc__ = (
         "skorch's :class:`skorch.NeuralNet` with automatic mixed precision.\n\n"
-        "    Everything skorch's net takes, plus the parameters below.\n"
+        "    Everything skorch's net takes, plus the parameters below.\n\n    "
         + amp_doc(NeuralNet.__doc__)
     )
 

@@ -18,6 +18,7 @@ import torch
 from skorch.callbacks import LRScheduler
 
 from ampnet.io.atomic import read_json
+from ampnet.io.kinds import max_bytes
 from ampnet.validation import is_bool, type_mismatch
 
 __all__ = ["lr_scheduler_states", "dumps_lr_scheduler_states", "read_lr_scheduler_states",
@@ -72,7 +73,7 @@ def read_lr_scheduler_states(target: Any, source: str) -> dict[str, Any]:
       Naming ``source``: not JSON, not a scheduler-state file, or a newer
       format.
     """
-    data = read_json(target, source, "a JSON file of scheduler states")
+    data = read_json(target, source, "a JSON file of scheduler states", max_bytes("f_lr_schedulers"))
     if not (isinstance(data, dict) and isinstance(data.get("schedulers"), dict)):
         raise ValueError(
             f"{source} is not an ampnet file of learning-rate scheduler states (expected "
