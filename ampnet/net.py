@@ -16,6 +16,7 @@ Saving and loading live in :class:`ampnet.io.persistence.PersistenceMixin`.
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Iterator
 
 import torch
@@ -38,9 +39,14 @@ from ampnet.conversion import ConversionMixin
 from ampnet.io.persistence import PersistenceMixin
 from ampnet.parallel import Parallel, build_parallel
 from ampnet.precision.auto import resolve_auto_fp32
+from ampnet.precision.autotune import (
+    AutotuneResult, autotune_settings, effective_params, is_auto, read_saved_choice, run_probe,
+)
 from ampnet.precision.component import Precision, build_scaler
+from ampnet.precision.compensated import KEY as COMPENSATION_KEY, compensation_of
 from ampnet.precision.devices import check_device
 from ampnet.precision.inputs import autocast_dtype_error
+from ampnet.precision.kernels import kernel_defaults, keep_kernels
 from ampnet.precision.no_effect import warn_ineffective_settings
 from ampnet.precision.plan import PrecisionLayout
 from ampnet.precision.policy import PrecisionPolicy
@@ -61,6 +67,11 @@ STORED_PREFIXES = ("iterator_train", "iterator_valid", "dataset")
 #: Parameters whose change rebuilds the loss scaler (besides non-live ``grad_scaler__*``).
 SCALER_PARAMS = frozenset({"amp_enabled", "amp_dtype", "device", "grad_scaler"})
 
+#: Parameters whose change drops the choice of ``amp_enabled='auto'`` (the next fit probes again).
+AUTOTUNE_INPUTS = frozenset({
+    "amp_enabled", "amp_dtype", "amp_level", "amp_master_weights", "memory_format", "device",
+})
+
 
 class AmpNetMixin(PersistenceMixin, ConversionMixin):
     """Mixed precision for any skorch net; mix it in before the skorch class.
@@ -68,15 +79,17 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
     Adds the parameters described in :class:`AmpNet` and the fitted
     attributes ``precision_`` (with its read-only views
     ``precision_policy_``, ``grad_scaler_``, ``amp_layout_`` and
-    ``amp_master_params_``), ``parallel_`` and ``amp_step_state_``.
+    ``amp_master_params_``), ``parallel_``, ``amp_step_state_`` and, with
+    ``amp_enabled='auto'``, ``amp_autotune_``
+    (:class:`ampnet.precision.autotune.AutotuneResult`).
     """
 
-    prefixes_ = NeuralNet.prefixes_ + ["grad_scaler"]
+    prefixes_ = NeuralNet.prefixes_ + ["grad_scaler", "amp_autotune"]
 
     def __init__(
         self,
         *args: Any,
-        amp_enabled: bool = False,
+        amp_enabled: bool | str = False,
         amp_dtype: str | torch.dtype = "auto",
         amp_level: str = "mixed",
         amp_master_weights: bool | str = True,
@@ -137,10 +150,14 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
     # ---- initialization -------------------------------------------------
 
     def _precision_params(self, **changes: Any) -> dict[str, Any]:
+        """The precision parameters the net trains with, after ``changes``:
+        ``amp_enabled='auto'`` stands for its choice (float32 before it, or
+        when ``changes`` drop it; see :mod:`ampnet.precision.autotune`)."""
         params = {name: getattr(self, name) for name in PRECISION_PARAMS + steps.STEP_PARAMS}
         params.update({"grad_scaler__" + k: v for k, v in self.get_params_for("grad_scaler").items()})
         params.update(changes)
-        return params
+        choice = None if AUTOTUNE_INPUTS.intersection(changes) else self.__dict__.get("amp_autotune_")
+        return effective_params(params, choice)
 
     def initialize(self) -> "AmpNetMixin":
         """Check every AMP setting, then initialize skorch's components and
@@ -151,6 +168,8 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         params = self._precision_params()
         settings = read_settings(params)
         steps.check_step_params(params)
+        if is_auto(self.amp_enabled):
+            autotune_settings(self.get_params_for("amp_autotune"))
         with all_or_nothing(self):
             was_initialized = self.initialized_
             with self._current_init_context("grad_scaler"):
@@ -211,6 +230,18 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
             )
         return self
 
+    def get_params_for_optimizer(self, prefix: str, named_parameters: Any) -> tuple[tuple, dict]:
+        """skorch's optimizer arguments; with AMP on, the optimizer's fused
+        kernel (else foreach) unless ``fused``/``foreach`` is set (see
+        :mod:`ampnet.precision.kernels`)."""
+        args, kwargs = super().get_params_for_optimizer(prefix, named_parameters)
+        prec = self.__dict__.get("precision_")
+        if prec is not None and prec.enabled and args:
+            groups = args[0]
+            params = [p for g in groups for p in (g["params"] if isinstance(g, dict) else [g])]
+            kwargs = {**kwargs, **kernel_defaults(getattr(self, prefix, None), kwargs, params)}
+        return args, kwargs
+
     def _initialize_optimizer(self, reason: str | None = None) -> "AmpNetMixin":
         super()._initialize_optimizer(reason=reason)
         self.precision_.check_optimizers([(n, getattr(self, n + "_")) for n in self._optimizers])
@@ -238,7 +269,8 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         """
         # grad_scaler and grad_scaler__* are ampnet's to handle: skorch would
         # treat the "grad_scaler" prefix as a module and refuse it
-        own = {k: v for k, v in kwargs.items() if k == "grad_scaler" or k.startswith("grad_scaler__")}
+        own = {k: v for k, v in kwargs.items()
+               if k == "grad_scaler" or k.startswith(("grad_scaler__", "amp_autotune__"))}
         others = {k: v for k, v in kwargs.items() if k not in own}
         if not self.initialized_:
             with all_or_nothing(self):
@@ -251,6 +283,9 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         params = self._precision_params(**kwargs)
         settings = read_settings(params)
         steps.check_step_params(params)
+        if is_auto(kwargs.get("amp_enabled", self.amp_enabled)):
+            autotune_settings({**self.get_params_for("amp_autotune"),
+                               **{k.split("__", 1)[1]: v for k, v in own.items() if k.startswith("amp_autotune__")}})
         new_optimizer = any(k.split("__")[0] in self._optimizers for k in kwargs)
         if not (getattr(self, "_trimmed_for_prediction", False) or new_optimizer):
             Precision(settings, self.precision_.scaler).check_optimizers(
@@ -272,6 +307,8 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
                 super().set_params(**others)
             self._check_optimizers_accept(others)
             self.__dict__.update(own)
+            if AUTOTUNE_INPUTS.intersection(kwargs):
+                self.__dict__.pop("amp_autotune_", None)  # the next fit probes again
             self._apply_precision(settings, sorted(kwargs))
         return self
 
@@ -347,7 +384,8 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         self._initialize_optimizer(reason=self._format_reinit_msg("optimizer", dict.fromkeys(changed)))
         for name, state in states.items():
             try:
-                getattr(self, name + "_").load_state_dict(state)
+                optimizer = getattr(self, name + "_")
+                optimizer.load_state_dict(keep_kernels(optimizer, state))
             except ValueError as exc:
                 amp_warn(
                     f"The state of {name} could not be carried over after changing "
@@ -358,8 +396,11 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
     def partial_fit(self, X, y=None, classes=None, **fit_params):
         if not self.initialized_:
             self.initialize()
-        for notice in self.precision_policy_.notices:
-            amp_warn(notice)
+        # amp_enabled='auto', first fit only (skorch's fit() threads a routing flag through)
+        self._autotune(X, y, **{k: v for k, v in fit_params.items() if k != "_routing_method"})
+        if not is_auto(self.amp_enabled):  # 'auto' measured whether it pays off here
+            for notice in self.precision_policy_.notices:
+                amp_warn(notice)
         resolve_auto_fp32(self, X, y, **fit_params)  # amp_fp32_modules='auto', first fit only
         if self.precision_policy_.enabled:
             adapt_recording_hooks(self)  # skorch's SkorchDoctor records float32
@@ -380,6 +421,110 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         if training and iterator is not None and self.gradient_accumulation_steps > 1:
             iterator = steps.flag_last(iterator, self.amp_step_state_)
         return super().run_single_epoch(iterator, training, prefix, step_fn, **fit_params)
+
+    # ---- amp_enabled='auto' -------------------------------------------------
+
+    def _autotune(self, X: Any, y: Any = None, **fit_params: Any) -> None:
+        """Choose for ``amp_enabled='auto'`` once: a saved choice of the
+        checkpoint that ``LoadInitState`` resumes from, else the probe of
+        :mod:`ampnet.precision.autotune`; then train with it."""
+        if not is_auto(self.amp_enabled) or "amp_autotune_" in self.__dict__:
+            return
+        saved = self._resume_choice()
+        if saved is not None:
+            result = AutotuneResult(params=saved, device=str(self.device), source="loaded")
+        else:
+            result = run_probe(self, X, y, **fit_params)
+            if self.parallel_.world_size > 1:  # every rank trains with rank 0's choice
+                shared = [result]
+                torch.distributed.broadcast_object_list(shared, src=0)
+                result = shared[0]
+        self._adopt_autotune(result)
+        if self.verbose and result.source == "probe":
+            print(result, flush=True)
+
+    def _resume_choice(self) -> dict[str, Any] | None:
+        """The choice saved in the parameters of the checkpoint that a
+        ``LoadInitState`` callback will load, if any."""
+        from skorch.callbacks import LoadInitState as SkorchLoadInitState
+
+        from ampnet.io.files import checkpoint_files
+
+        for _, cb in self.callbacks_:
+            if not isinstance(cb, SkorchLoadInitState) or getattr(cb, "use_safetensors", False):
+                continue
+            try:
+                path = checkpoint_files(cb.checkpoint, self).get("f_params")
+                if path is None or not isinstance(path, (str, bytes)) and not hasattr(path, "__fspath__"):
+                    continue
+                state = torch.load(path, map_location="cpu", weights_only=True)
+            except Exception:  # no checkpoint yet, or one LoadInitState will refuse
+                continue
+            choice = read_saved_choice(state)
+            if choice is not None:
+                return choice
+        return None
+
+    def _adopt_autotune(self, result: AutotuneResult, carry: bool = True) -> None:
+        """Train with ``result``'s choice from now on: the precision component,
+        the module's layout and the optimizers become those of a net built
+        with these settings (the optimizers' state carried over, with
+        ``carry``)."""
+        self.__dict__["amp_autotune_"] = result
+        settings = read_settings(self._precision_params())
+        old, new = self.precision_, Precision.build(settings)
+        trimmed = getattr(self, "_trimmed_for_prediction", False)
+        names = [n for n in self._optimizers if isinstance(self.__dict__.get(n + "_"), torch.optim.Optimizer)]
+        module = self.__dict__.get("module_")
+        # compensation buffers loaded into a float32 net's optimizer (load_params) stay the weights'
+        kept = compensation_of([getattr(self, n + "_") for n in names]) if carry and settings.compensated else {}
+        if isinstance(module, torch.nn.Module):
+            new.take_over(old, module, trimmed, [getattr(self, n + "_") for n in names])
+        states = {n: getattr(self, n + "_").state_dict() for n in names if carry and getattr(self, n + "_").state}
+        self.__dict__["precision_"] = new
+        if not trimmed:
+            with self._current_init_context("optimizer"):
+                self.initialize_optimizer()
+            new.check_optimizers([(n, getattr(self, n + "_")) for n in self._optimizers])
+            for name, state in states.items():
+                optimizer = getattr(self, name + "_")
+                try:
+                    optimizer.load_state_dict(keep_kernels(optimizer, state))
+                except ValueError as exc:
+                    amp_warn(f"The state of {name} could not be carried over to the settings of "
+                             f"amp_enabled='auto' ({exc}); it starts afresh.")
+            for name in self._optimizers if kept else ():
+                optimizer = getattr(self, name + "_")
+                for p in (p for group in optimizer.param_groups for p in group["params"]):
+                    if id(p) in kept and p in optimizer.state:
+                        optimizer.state[p][COMPENSATION_KEY] = kept[id(p)].to(p.dtype)
+        # a new step state, as initialize() builds; DDP re-wraps the module by itself
+        self.amp_step_state_ = steps.StepState(closure=self._uses_closure())
+
+    def _autotune_copy(self, params: dict[str, Any]) -> "AmpNetMixin":
+        """A net that trains copies of this net's modules with ``params``
+        (for the probe): its own precision, optimizers, history and step
+        state, no callbacks, no data parallelism; this net is unchanged."""
+        from skorch.history import History
+
+        from ampnet.precision.component import module_root
+
+        probe = object.__new__(type(self))
+        probe.__dict__.update(self.__dict__)
+        d = probe.__dict__
+        for name in [*self._modules, *self._criteria]:
+            obj = self.__dict__.get(name + "_")
+            if isinstance(obj, torch.nn.Module):
+                d[name + "_"] = copy.deepcopy(module_root(obj) if name == "module" else obj)
+        for name in self._optimizers:
+            d[name + "_"] = None
+        d.pop("amp_autotune_", None)
+        d.update(
+            precision_=copy.copy(self.precision_), virtual_params_=dict(self.virtual_params_),
+            history_=History(), callbacks_=[], verbose=0, parallel_=Parallel(), _trimmed_for_prediction=False,
+        )
+        probe._adopt_autotune(AutotuneResult(params=dict(params)), carry=False)
+        return probe
 
     # ---- the training step ----------------------------------------------
 
