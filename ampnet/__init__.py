@@ -10,7 +10,8 @@ from ampnet.precision.policy import PrecisionPolicy, resolve_precision
 from ampnet.precision.scaler import GradScaler
 from ampnet.plotting import plot_precision
 
-__version__ = "0.1.0"
+#: The package version; pyproject.toml reads it from here.
+__version__ = "0.3.0"
 
 __all__ = [
     "AmpNet",

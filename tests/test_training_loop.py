@@ -345,6 +345,7 @@ def test_printlog_shows_scale_and_skips(classifier_data, capsys):
 
 
 def test_amp_monitor_reports_bursts_and_feeds_tensorboard(classifier_data, tmp_path):
+    pytest.importorskip("tensorboard")  # in the dev extra, not in the lean test extra
     from skorch.callbacks import TensorBoard
     from torch.utils.tensorboard import SummaryWriter
 

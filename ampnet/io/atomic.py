@@ -37,10 +37,12 @@ import stat
 import uuid
 from typing import Any, Callable, Iterable, Mapping
 
+from ampnet.io.kinds import JOURNAL_MAX_BYTES
+from ampnet.io.reading import read_untrusted
 from ampnet.validation import MAX_DEPTH, describe, nesting_depth
 
 __all__ = [
-    "atomic_write_group", "recover", "is_path", "read_json", "same_file_key", "TEMP_SUFFIX",
+    "atomic_write_group", "recover", "is_path", "read_json", "write_key", "TEMP_SUFFIX",
     "JOURNAL_NAME",
 ]
 
@@ -51,9 +53,6 @@ TEMP_SUFFIX = ".ampnet-tmp"
 JOURNAL_NAME = ".ampnet-journal.json"
 
 _JOURNAL_VERSION = 1
-
-#: A journal lists a few renames; anything larger is not one of ampnet's.
-_JOURNAL_MAX_BYTES = 1 << 20
 
 _JOURNAL_KEYS = ("ampnet_journal_version", "moves", "journals")
 
@@ -68,22 +67,26 @@ def is_path(target: Any) -> bool:
     return isinstance(target, (str, os.PathLike))
 
 
-def read_json(target: Any, source: str, what: str) -> Any:
-    """Parse JSON from a path or an open file, nested at most
+def read_json(target: Any, source: str, what: str, max_bytes: int) -> Any:
+    """Parse JSON from a path (opened as :func:`ampnet.io.reading.open_untrusted`
+    does) or an open file, at most ``max_bytes`` long and nested at most
     :data:`ampnet.validation.MAX_DEPTH` levels deep.
 
     Raises
     ------
     ValueError
       ``"{source} is not {what} (...)"`` for content that is not UTF-8 JSON
-      or is nested too deeply.
+      or is nested too deeply; see :func:`~ampnet.io.reading.open_untrusted`
+      for links, special files and sizes.
     """
+    if is_path(target):
+        raw = read_untrusted(target, source, max_bytes)
+    else:
+        raw = target.read(max_bytes + 1)
+        if len(raw) > max_bytes:
+            raise ValueError(f"{source} is larger than {max_bytes} bytes; it is not {what}.")
     try:
-        if is_path(target):
-            with open(target, "rb") as f:
-                data = json.load(f)
-        else:
-            data = json.load(target)
+        data = json.loads(raw)
     except (ValueError, RecursionError) as exc:  # also UnicodeDecodeError
         reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
         raise ValueError(f"{source} is not {what} ({reason}).") from exc
@@ -210,10 +213,12 @@ def _read_journal(directory: str, path: str) -> list[tuple[str, str]] | None:
         raise _journal_error(path, "it is a symbolic link")
     if not stat.S_ISREG(info.st_mode):
         raise _journal_error(path, "it is not a regular file")
-    with open(path, "rb") as f:
-        raw = f.read(_JOURNAL_MAX_BYTES + 1)
-    if len(raw) > _JOURNAL_MAX_BYTES:
-        raise _journal_error(path, f"it is larger than {_JOURNAL_MAX_BYTES} bytes")
+    if info.st_size > JOURNAL_MAX_BYTES:
+        raise _journal_error(path, f"it is larger than {JOURNAL_MAX_BYTES} bytes")
+    try:
+        raw = read_untrusted(path, repr(path), JOURNAL_MAX_BYTES)
+    except ValueError as exc:  # swapped for a link or a special file since the check
+        raise _journal_error(path, str(exc)) from exc
     try:
         data = json.loads(raw.decode("utf-8"))
     except (ValueError, RecursionError) as exc:  # also UnicodeDecodeError
@@ -320,13 +325,19 @@ def atomic_write_group(writers: Mapping[Any, Writer]) -> None:
       atomically as one group; file objects are written directly (their
       atomicity is up to their owner).
 
-    Targets are resolved to their real paths (a symbolic link is written
-    through, as ``open`` does).
+    A target that is a symbolic link is replaced by the new file: the link
+    goes, and the file it pointed to is never written (a link planted in a
+    downloaded checkpoint folder cannot redirect a save out of it). Links in
+    the directories above a target are followed.
 
     Raises
     ------
     ValueError
-      Two targets that are the same file; nothing is written then.
+      Two targets that are the same file, or a path without a file name
+      (``''``, a name ending in a separator); nothing is written then.
+
+    IsADirectoryError
+      A target that is an existing directory; nothing is written then.
 
     OSError
       A write that fails (a full disk), naming the target and the cause;
@@ -340,14 +351,14 @@ def atomic_write_group(writers: Mapping[Any, Writer]) -> None:
     seen: set[str] = set()
     for target, write in writers.items():
         if is_path(target):
-            real = os.path.realpath(os.fspath(target))
-            if same_file_key(real) in seen:
+            final = _final_path(target)
+            if os.path.normcase(final) in seen:
                 raise ValueError(
-                    f"Two targets of one save are the same file {real!r}; give each its "
+                    f"Two targets of one save are the same file {final!r}; give each its "
                     "own. Nothing was written."
                 )
-            seen.add(same_file_key(real))
-            paths[real] = write
+            seen.add(os.path.normcase(final))
+            paths[final] = write
     for target, write in writers.items():
         if not is_path(target):
             write(target)
@@ -371,7 +382,14 @@ def atomic_write_group(writers: Mapping[Any, Writer]) -> None:
             _remove_quietly(temp)
         raise
     if len(moves) == 1:
-        os.replace(*moves[0])
+        temp, final = moves[0]
+        try:
+            os.replace(temp, final)
+        except BaseException as exc:
+            _remove_quietly(temp)
+            if isinstance(exc, OSError):
+                raise _write_error(final, exc) from exc
+            raise
         _fsync_dir(directories[0])
         return
     written = []
@@ -391,8 +409,40 @@ def atomic_write_group(writers: Mapping[Any, Writer]) -> None:
     recover(directories)
 
 
-def same_file_key(target: Any) -> str:
-    """The absolute path of ``target`` with symbolic links resolved and the
-    case folded where the file system ignores it, so that two spellings of
-    one file compare equal."""
-    return os.path.normcase(os.path.realpath(os.fspath(target)))
+def _final_path(target: Any) -> str:
+    """The path a save writes for ``target``: its directory with links
+    resolved, and its own name (a link there is replaced, not followed).
+
+    Raises
+    ------
+    ValueError
+      For a path without a file name.
+
+    IsADirectoryError
+      For an existing directory.
+    """
+    text = os.fspath(target)
+    base = os.path.basename(text)
+    if base in ("", ".", ".."):
+        raise ValueError(
+            f"Cannot save to {text!r}: it names no file (an empty path, or one ending in a "
+            "separator or '.'). Nothing was written. Fix: pass a file name, e.g. 'model.onnx'."
+        )
+    final = os.path.join(os.path.realpath(os.path.dirname(os.path.abspath(text))), base)
+    if os.path.isdir(final) and not os.path.islink(final):
+        raise IsADirectoryError(
+            errno.EISDIR,
+            f"Cannot save to {text!r}: it is a directory. Nothing was written. Fix: pass a "
+            "file name inside it",
+            text,
+        )
+    return final
+
+
+def write_key(target: Any) -> str:
+    """The path a save of ``target`` writes (links in its directories
+    resolved, not its own name), with the case folded where the file
+    system ignores it: two spellings of one target compare equal."""
+    text = os.fspath(target)
+    directory = os.path.realpath(os.path.dirname(os.path.abspath(text)))
+    return os.path.normcase(os.path.join(directory, os.path.basename(text)))

@@ -13,6 +13,8 @@ from skorch.callbacks import TrainEndCheckpoint as SkorchTrainEndCheckpoint
 from skorch.history import History
 
 from ampnet.io.atomic import is_path, read_json, recover
+from ampnet.io.kinds import max_bytes
+from ampnet.io.reading import check_torch_zip, open_untrusted, read_error, read_untrusted
 from ampnet.validation import (
     all_finite,
     describe,
@@ -30,12 +32,6 @@ def describe_target(key: str, target: Any) -> str:
 
 def attr_of(key: str) -> str:
     return "module_" if key in ("f_params", "f_module") else key[2:] + "_"
-
-
-def _read_error(source: str, exc: OSError) -> OSError:
-    """An OSError (of the same kind) that names ``source`` and the cause."""
-    cause = exc.strerror or str(exc) or type(exc).__name__
-    return OSError(exc.errno, f"{source} could not be read: {cause}", exc.filename)
 
 
 # ---- tensors <-> plain values (the scaler state under safetensors) -------
@@ -66,17 +62,41 @@ def from_tensors(state: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def read_state(target: Any, source: str, safetensors: bool, map_location: Any,
+                load_kwargs: dict[str, Any], limit: int) -> Any:
+    """Read a torch or safetensors file: a path as
+    :func:`ampnet.io.reading.open_untrusted` opens it (at most ``limit`` bytes,
+    a torch file in zip format with uncompressed records), or an open file.
+
+    Raises
+    ------
+    ValueError
+      Naming ``source``: a file that cannot be read as this kind, or that
+      :mod:`ampnet.io.reading` refuses.
+    """
+    if is_path(target):
+        if safetensors:
+            return _read_state(read_untrusted(target, source, limit), source, True,
+                               map_location, load_kwargs)
+        with open_untrusted(target, source, limit) as f:
+            check_torch_zip(f, source)
+            return _read_state(f, source, False, map_location, load_kwargs)
+    return _read_state(target, source, safetensors, map_location, load_kwargs)
+
+
+def _read_state(target: Any, source: str, safetensors: bool, map_location: Any,
                 load_kwargs: dict[str, Any]) -> Any:
     try:
         if safetensors:
-            from safetensors.torch import load, load_file
+            from safetensors.torch import load
 
-            if is_path(target):
-                return load_file(os.fspath(target), device=str(map_location))
-            return load(target.read())
+            data = target if isinstance(target, bytes) else target.read()
+            state = load(data)
+            if map_location is not None and str(map_location) != "cpu":
+                state = {k: v.to(map_location) for k, v in state.items()}
+            return state
         return torch.load(target, map_location=map_location, **load_kwargs)
     except OSError as exc:
-        raise _read_error(source, exc) from exc
+        raise read_error(source, exc) from exc
     except Exception as exc:  # whatever a damaged file makes the readers raise
         hint = (
             " It holds objects other than tensors and plain values, which a safe "
@@ -118,7 +138,7 @@ def read_history(target: Any, source: str) -> list:
     epoch rows, where present an increasing int ``epoch``, ``batches`` (a
     list of dicts), int ``*_batch_count``, boolean ``*_best`` flags and
     numeric ``dur``/``batch_size``."""
-    rows = read_json(target, source, "a JSON history")
+    rows = read_json(target, source, "a JSON history", max_bytes("f_history"))
     if not (isinstance(rows, list) and all(isinstance(row, dict) for row in rows)):
         raise ValueError(
             f"{source} is not a skorch history: expected a JSON list of epoch dicts, got "
