@@ -48,7 +48,10 @@ Cost
 At most ``(number of candidates) x (warmup + steps)`` training steps, plus
 up to 8 extra warm-up steps for a float16 candidate whose loss scale is
 still settling: with the defaults 3 candidates x 7 = 21 steps for a model
-without 4-D parameters, 5 x 7 = 35 for a convolutional one. One copy of
+without 4-D parameters, 5 x 7 = 35 for a convolutional one. A candidate
+whose median step time so far is 1.5x float32's or more stops after that
+timed step (it cannot win): where AMP does not pay off, the probe costs
+about 7 + 3 per AMP candidate steps (13 for an MLP). One copy of
 the module and the optimizers exists at a time besides the net's own (the
 memory of one more model and optimizer state). The probe's wall time is
 ``amp_autotune_.probe_s``.
@@ -119,6 +122,10 @@ CHOICE_KEYS = ("amp_enabled", "amp_dtype", "amp_level", "amp_master_weights", "m
 AUTOTUNE_DEFAULTS: dict[str, Any] = {"steps": 5, "warmup": 2, "margin": 0.05, "min_cosine": 0.98, "timer": None}
 
 _EXTRA_WARMUP = 8  # steps a float16 candidate may take to reach finite gradients
+
+#: A candidate whose timed steps are this many times slower than float32's
+#: (median so far) stops being timed: it cannot win.
+SLOWER = 1.5
 
 AMP_ENABLED_CHOICES = (True, False, "auto")
 
@@ -488,9 +495,11 @@ def _first_batch(net: Any, X: Any, y: Any, **fit_params: Any) -> Any:
 
 
 def _measure(net: Any, params: dict[str, Any], batch: Any, settings: dict[str, Any],
-             timer: Callable[[dict, Callable[[], Any]], float]) -> tuple[float, bool, str | None, _GradCapture]:
+             timer: Callable[[dict, Callable[[], Any]], float],
+             limit: float | None = None) -> tuple[float, bool, str | None, _GradCapture]:
     """Train a copy of ``net`` with ``params`` on ``batch``: (median step
-    seconds, finite, reason if not, the gradient capture)."""
+    seconds, finite, reason if not, the gradient capture). Timing stops
+    early once the median exceeds ``limit`` seconds."""
     try:
         probe = net._autotune_copy(params)
     except (ValueError, TypeError) as exc:  # settings this net cannot train with
@@ -513,6 +522,8 @@ def _measure(net: Any, params: dict[str, Any], batch: Any, settings: dict[str, A
         i += 1
     for _ in range(settings["steps"]):
         times.append(float(timer(dict(params), step)))
+        if limit is not None and statistics.median(times) > limit:
+            break  # clearly slower than float32: no need to time it further
     finite = bool(torch.isfinite(torch.stack([loss.float().reshape(-1)[0] for loss in losses])).all())
     reason = None
     if not finite:
@@ -547,7 +558,8 @@ def run_probe(net: Any, X: Any, y: Any = None, **fit_params: Any) -> AutotuneRes
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", AmpWarning)
-                    seconds, healthy, reason, capture = _measure(net, params, batch, settings, timer)
+                    limit = None if baseline else table[0]["step_time_s"] * SLOWER
+                    seconds, healthy, reason, capture = _measure(net, params, batch, settings, timer, limit)
             except _Refused as exc:
                 if baseline:
                     raise exc.__cause__ from None
