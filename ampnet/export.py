@@ -45,12 +45,12 @@ from skorch.classifier import NeuralNetBinaryClassifier
 from ampnet.io.atomic import atomic_write_group
 from ampnet.exceptions import AmpWarning, amp_warn
 from ampnet._tree import cast_floating
-from ampnet.precision.auto import remove_auto_hooks
-from ampnet.precision.component import Precision, module_root
-from ampnet.precision.masters import remove_state_hooks
-from ampnet.precision.policy import DTYPE_ALIASES, dtype_name
-from ampnet.precision.regions import remove_regions
-from ampnet.precision.settings import read_settings
+from ampnet.precision import remove_auto_hooks
+from ampnet.precision import Precision, module_root
+from ampnet.precision import remove_state_hooks
+from ampnet.precision import DTYPE_ALIASES, dtype_name
+from ampnet.precision import remove_regions
+from ampnet.precision import read_settings
 
 __all__ = ["export_net", "EXPORT_FORMATS", "PredictProbaModule"]
 

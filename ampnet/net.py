@@ -38,20 +38,20 @@ from ampnet.output_checks import check_loss_inputs
 from ampnet.conversion import ConversionMixin
 from ampnet.io.persistence import PersistenceMixin
 from ampnet.parallel import Parallel, build_parallel
-from ampnet.precision.auto import resolve_auto_fp32
-from ampnet.precision.autotune import (
+from ampnet.precision import resolve_auto_fp32
+from ampnet.precision import (
     AutotuneResult, autotune_settings, effective_params, is_auto, read_saved_choice, run_probe,
 )
-from ampnet.precision.component import Precision, build_scaler
-from ampnet.precision.compensated import KEY as COMPENSATION_KEY, compensation_of
-from ampnet.precision.devices import check_device
-from ampnet.precision.inputs import autocast_dtype_error
-from ampnet.precision.kernels import kernel_defaults, keep_kernels
-from ampnet.precision.no_effect import warn_ineffective_settings
-from ampnet.precision.plan import PrecisionLayout
-from ampnet.precision.policy import PrecisionPolicy
-from ampnet.precision.scaler import LIVE_SETTINGS, GradScaler
-from ampnet.precision.settings import PRECISION_PARAMS, read_settings
+from ampnet.precision import Precision, build_scaler
+from ampnet.precision import COMPENSATION_KEY, compensation_of
+from ampnet.precision import check_device
+from ampnet.precision import autocast_dtype_error
+from ampnet.precision import kernel_defaults, keep_kernels
+from ampnet.precision import warn_ineffective_settings
+from ampnet.precision import PrecisionLayout
+from ampnet.precision import PrecisionPolicy
+from ampnet.precision import LIVE_SETTINGS, GradScaler
+from ampnet.precision import PRECISION_PARAMS, read_settings
 
 __all__ = ["AmpNetMixin", "AmpNet", "AmpNetClassifier", "AmpNetRegressor", "AmpNetBinaryClassifier"]
 
@@ -507,7 +507,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         state, no callbacks, no data parallelism; this net is unchanged."""
         from skorch.history import History
 
-        from ampnet.precision.component import module_root
+        from ampnet.precision import module_root
 
         probe = object.__new__(type(self))
         probe.__dict__.update(self.__dict__)

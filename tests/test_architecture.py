@@ -163,3 +163,79 @@ def test_amp_monitor_keeps_one_host_read_per_step(settings):
     ours = _reads_per_batch(AmpNetClassifier, callbacks=[AmpMonitor(sink=lambda line: None)], **settings)
     per_epoch = 1 / 16  # 16 batches per epoch
     assert ours <= baseline + steps + per_epoch + PER_FIT + 1e-9, (ours, baseline)
+
+
+# --- where code lives: imports (parsed with ast, deferred imports inside functions included)
+
+import ast  # noqa: E402
+import pathlib  # noqa: E402
+
+ROOT = pathlib.Path(ampnet.__file__).resolve().parent.parent
+PACKAGES = ("ampnet", "ampnet_bench")
+
+
+def _module_name(path):
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _source_files():
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            yield _module_name(path), path
+
+
+def _imports(name, path):
+    """The modules ``name`` imports (``from a import b`` counts as ``a.b``
+    when ``a.b`` is a module), each with its line number."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            found.append((base, node.lineno))
+            for alias in node.names:
+                candidate = f"{base}.{alias.name}"
+                if (ROOT / pathlib.Path(*candidate.split("."))).with_suffix(".py").exists() or (
+                        ROOT / pathlib.Path(*candidate.split(".")) / "__init__.py").exists():
+                    found.append((candidate, node.lineno))
+    return found
+
+
+def test_precision_is_imported_through_its_front_door():
+    import ampnet.precision as precision
+
+    outside = []
+    for name, path in _source_files():
+        if name == "ampnet.precision" or name.startswith("ampnet.precision."):
+            continue
+        for imported, line in _imports(name, path):
+            if imported.startswith("ampnet.precision."):
+                outside.append(f"{path.relative_to(ROOT)}:{line} imports {imported}")
+    assert outside == []
+    # the front door lists what it exports, and every listed name exists
+    assert len(precision.__all__) == len(set(precision.__all__))
+    missing = [n for n in precision.__all__ if not hasattr(precision, n)]
+    assert missing == []
+    for public in ("Precision", "PrecisionPolicy", "resolve_precision", "GradScaler", "PrecisionReport",
+                   "MemoryReport", "PrecisionLayout"):
+        assert public in precision.__all__
+
+
+def test_import_ampnet_in_a_fresh_interpreter():
+    import subprocess
+    import sys
+
+    # every import of a submodule runs ampnet/__init__ first: one interpreter covers the order
+    result = subprocess.run([sys.executable, "-c", "import ampnet_bench.contenders, ampnet.export"],
+                            capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stderr
