@@ -16,7 +16,9 @@ buffers of their modules. Every module that owns floating parameters casts
 its floating inputs to its parameters' dtype (a forward pre-hook on the
 copy), so float32 islands compute in float32 inside a low-precision model.
 The model takes the input dtype of ``X_example`` (float32 for float
-features) and a batch dimension of any size.
+features) and a batch dimension of any size; an integer ``X_example`` is
+refused for a module that cannot compute on integers (its first layer is
+not an ``nn.Embedding`` or the like).
 
 Both formats go through :func:`torch.export.export`; ONNX is then
 translated by ``torch.onnx.export(..., dynamo=True)``, which needs the
@@ -143,7 +145,14 @@ def _check_path(path: Any) -> str:
             f"path must be a file name (str or os.PathLike); got {type(path).__name__}. "
             "Fix: pass e.g. 'model.onnx' or 'model.pt2'."
         )
-    return os.fspath(path)
+    path = os.fspath(path)
+    if os.path.basename(path) in ("", ".", "..") or (os.path.isdir(path) and not os.path.islink(path)):
+        raise ValueError(
+            f"path must name a file; got {path!r}, "
+            + ("a directory. " if path and os.path.isdir(path) else "which names no file. ")
+            + "Nothing was written. Fix: pass e.g. 'model.onnx' or os.path.join(folder, 'model.onnx')."
+        )
+    return path
 
 
 def _example_tensor(X_example: Any, dtype: torch.dtype) -> torch.Tensor:
@@ -318,6 +327,33 @@ def _root_cause(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[0] if lines else '(no message)'}"
 
 
+def _check_integer_example(wrapper: PredictProbaModule, x: torch.Tensor, module_name: str) -> None:
+    """An integer (or boolean) ``x`` is kept only for a module that computes
+    on it (e.g. an ``nn.Embedding`` first): a module that needs floating
+    features would be traced with an integer input that the ONNX file
+    cannot run. Runs the module once on ``x`` to find out.
+
+    Raises
+    ------
+    ValueError
+      For an integer ``x`` that the module cannot take.
+    """
+    if x.is_floating_point():
+        return
+    try:
+        with torch.no_grad():
+            wrapper(x)
+    except Exception as exc:  # whatever the forward raises on integers
+        dtype = str(x.dtype).replace("torch.", "")
+        raise ValueError(
+            f"X_example holds {dtype} values, but {module_name} fails on them "
+            f"({_root_cause(exc)}): it takes floating features, and predict_proba "
+            "would fail on this input too. The model takes the dtype of X_example. "
+            "Fix: pass X_example.astype(numpy.float32); the exported model then takes "
+            "float32 input."
+        ) from exc
+
+
 def _trace(wrapper: PredictProbaModule, x: torch.Tensor, module_name: str) -> Any:
     batch = torch.export.Dim("batch")
     try:
@@ -412,6 +448,7 @@ def export_net(
     wrapper = PredictProbaModule(
         module, nonlinearity, flatten=isinstance(net, NeuralNetBinaryClassifier)
     ).eval()
+    _check_integer_example(wrapper, x, module_name)
     program = _trace(wrapper, x, module_name)
     if format == "torch.export":
         def write(target: str) -> None:

@@ -434,7 +434,7 @@ def test_lbfgs_closure_rules(classifier_data):
     "kw, exc, match",
     [
         ({"amp_dtype": "float32"}, ValueError, r"amp_dtype must be one of.*got 'float32'"),
-        ({"amp_enabled": "true"}, TypeError, r"amp_enabled must be True or False; got 'true' \(str\)"),
+        ({"amp_enabled": "true"}, ValueError, r"amp_enabled must be True, False or 'auto'; got 'true' \(str\)"),
         ({"grad_scaler__growth_factr": 2.0}, ValueError,
          r"grad_scaler__growth_factr \(did you mean grad_scaler__growth_factor\?\)"),
         ({"grad_scaler__init_scale": 0}, ValueError, r"grad_scaler__init_scale=0 \(int\): must be a finite number > 0"),

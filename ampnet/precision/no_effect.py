@@ -68,7 +68,10 @@ def ineffective_settings(net: Any) -> list[str]:
     effect, with the fix; empty when every setting acts."""
     policy = net.precision_policy_
     notes = []
-    if not policy.enabled:
+    auto = isinstance(net.amp_enabled, str) and net.amp_enabled == "auto"  # they narrow its candidates
+    if auto:
+        pass
+    elif not policy.enabled:
         names = [n for n in AMP_ONLY if not is_default(net, n)]
         shown = [_setting(n, getattr(net, n)) for n in names]
         if shown:
