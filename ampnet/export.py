@@ -30,9 +30,11 @@ from __future__ import annotations
 import contextlib
 import copy
 import importlib.util
+import io
 import logging
 import os
 import re
+import sys
 import warnings
 from typing import Any, Iterator
 
@@ -276,6 +278,43 @@ def _quiet_exporter() -> Iterator[None]:
         logger.removeFilter(notice)
 
 
+class _HoldRecords(logging.Filter):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        self.records.append(record)
+        return False
+
+
+@contextlib.contextmanager
+def _held_torch_output() -> Iterator[None]:
+    """Hold what torch logs and prints to stderr while it traces: passed on
+    if the trace succeeds, dropped if it fails. A failed trace otherwise
+    prints torch's partial FX graph twice, and a warning from its shape
+    logger, before ampnet's error, which names the cause and chains torch's
+    exception. (The redirection of ``sys.stderr`` is process-wide, as
+    :func:`contextlib.redirect_stderr` is, for the duration of the trace.)"""
+    hold = _HoldRecords()
+    loggers = [logger for name, logger in list(logging.root.manager.loggerDict.items())
+               if isinstance(logger, logging.Logger) and (name == "torch" or name.startswith("torch."))]
+    for logger in loggers:
+        logger.addFilter(hold)
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(printed):
+            yield
+    finally:
+        for logger in loggers:
+            logger.removeFilter(hold)
+    # the trace succeeded: what torch said is passed on
+    for record in hold.records:
+        logging.getLogger(record.name).handle(record)
+    if printed.getvalue():
+        sys.stderr.write(printed.getvalue())
+
+
 def _root_cause(exc: BaseException) -> str:
     """The first line of the innermost chained exception (it names the
     operator or the line that failed)."""
@@ -318,7 +357,7 @@ def _check_integer_example(wrapper: PredictProbaModule, x: torch.Tensor, module_
 def _trace(wrapper: PredictProbaModule, x: torch.Tensor, module_name: str) -> Any:
     batch = torch.export.Dim("batch")
     try:
-        with _quiet_exporter():
+        with _quiet_exporter(), _held_torch_output():
             return torch.export.export(wrapper, (x,), dynamic_shapes={"x": {0: batch}})
     except Exception as exc:
         raise ValueError(

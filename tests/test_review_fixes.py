@@ -73,9 +73,13 @@ def test_bad_data_in_an_earlier_micro_batch_is_bad_data_not_an_overflow(classifi
     X[0, 0] = np.nan  # first micro-batch of the first group
     net = make(**FP16, gradient_accumulation_steps=2, batch_size=8, grad_scaler__init_scale=256.0,
                iterator_train__shuffle=False)
-    with pytest.warns(AmpWarning, match="holds NaN or inf in its input"):
+    with pytest.warns(AmpWarning) as record:
         net.fit(X, y)
+    texts = [str(w.message) for w in record]
+    assert any("holds NaN or inf in its input" in t for t in texts)
+    assert any("non-finite training loss" in t for t in texts)  # the NaN batch's loss
     first = net.history[0, "batches"][1]
+    assert first["skip_cause"] == "nonfinite_input"
     assert first["step_skipped"] and first.get("nonfinite_input")
     assert first["loss_scale"] == 256.0  # kept, not backed off
 

@@ -69,6 +69,8 @@ from ampnet.io.rollback import (
     snapshot_optimizer,
 )
 from ampnet.precision.compensated import drop_compensation
+from ampnet.precision.autotune import add_saved_choice, plan_saved_choice
+from ampnet.precision.kernels import keep_kernels
 from ampnet.precision.scaler_checks import validate_scaler_state
 from ampnet.io.schedulers import (
     dumps_lr_scheduler_states,
@@ -152,7 +154,7 @@ class PersistenceMixin:
         Every path is written to a temporary file in its directory and
         renamed into place once all files of the call are complete, so a
         process killed at any moment leaves either all old files or all new
-        ones (see :mod:`ampnet.io.atomic`). Open file objects are written
+        ones (see ``ampnet.io.atomic``). Open file objects are written
         directly.
 
         Parameters
@@ -249,6 +251,8 @@ class PersistenceMixin:
         if not self.initialized_:
             self.check_is_fitted([attr], msg=_MSG_INIT.format(verb="save"))
         state = self._get_module(attr, msg=_MSG_MODULE.format(verb="save")).state_dict()
+        if attr == "module_":
+            add_saved_choice(self, state)  # amp_enabled='auto': its choice goes with the weights
         if key == "f_grad_scaler" and safetensors:
             state = to_tensors(state)
         return state_writer(state, source, safetensors)
@@ -288,7 +292,7 @@ class PersistenceMixin:
         net's own scaler settings (``grad_scaler__*``) stay in force, and an
         :class:`.AmpWarning` names each setting that differed in the file.
         For loads across precisions (float16, bfloat16, off) see the table
-        in :mod:`ampnet.io.persistence`.
+        in ``ampnet.io.persistence``.
 
         Parameters
         ----------
@@ -435,6 +439,7 @@ class PersistenceMixin:
             map_location = get_map_location(self.device)
             device = self._check_device(self.device, map_location)
         safe = {"weights_only": True}
+        choice: Step | None = None
         for key, target in files.items():
             source = describe_target(key, target)
             if key == "f_history":
@@ -466,6 +471,8 @@ class PersistenceMixin:
                 )
                 if isinstance(obj, torch.nn.Module):
                     check_module_state(obj, state, source, attr)
+                    if attr == "module_":
+                        choice = plan_saved_choice(self, state, source)
                     extra = ()
                     if attr == "module_":
                         extra = tuple((getattr(self, "amp_master_params_", None) or {}).values())
@@ -475,6 +482,7 @@ class PersistenceMixin:
                         modules.append(self._plan_module_without_compensation(obj, state, source, extra, stale))
                         continue
                 elif isinstance(obj, torch.optim.Optimizer):
+                    state = keep_kernels(obj, state)  # the net's fused/foreach, not the file's
                     check_optimizer_state(obj, state, source, attr)
                     snapshot = lambda obj=obj: snapshot_optimizer(obj)  # noqa: E731
                 else:
@@ -482,6 +490,9 @@ class PersistenceMixin:
                 modules.append(
                     Step(source, lambda obj=obj, state=state: obj.load_state_dict(state), snapshot)
                 )
+
+        if choice is not None:  # after the module and optimizer states: they carry over
+            late.append(choice)
 
         def set_device() -> None:
             if device != self.device:
@@ -538,7 +549,7 @@ class PersistenceMixin:
         """Check a scaler state against this net's scaler; return the step
         that loads it.
 
-        See the table in :mod:`ampnet.io.persistence` for each precision pair.
+        See the table in ``ampnet.io.persistence`` for each precision pair.
         """
         scaler = self.grad_scaler_
         snapshot = lambda: snapshot_attributes(scaler)  # noqa: E731

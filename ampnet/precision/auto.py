@@ -37,6 +37,7 @@ __all__ = [
     "remove_auto_hooks",
     "find_auto_hooks",
     "resolve_auto_fp32",
+    "split_params",
 ]
 
 #: The key of the choice in the root module's ``state_dict`` metadata.
@@ -103,6 +104,24 @@ def remove_auto_hooks(root: torch.nn.Module) -> None:
             del hooks[key]
 
 
+def split_params(net: Any, fit_params: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments that ``fit_loop`` passes to ``train_split``
+    for these ``fit_params``: skorch's private ``_routing_method`` (which
+    ``fit`` threads through ``partial_fit``) removed, and with scikit-learn's
+    metadata routing enabled only what is routed to the splitter, as
+    skorch's ``fit_loop`` does."""
+    params = dict(fit_params)
+    method = params.pop("_routing_method", "partial_fit")
+    import sklearn
+
+    if not (sklearn.get_config().get("enable_metadata_routing") and hasattr(net, "get_metadata_routing")):
+        return params
+    from sklearn.utils.metadata_routing import process_routing
+
+    routed = process_routing(net, method, **params)
+    return dict(routed.get("splitter", {"split": {}})["split"])
+
+
 def resolve_auto_fp32(net: Any, X: Any, y: Any = None, **fit_params: Any) -> None:
     """Resolve ``'auto'`` in ``amp_fp32_modules`` once, at the start of the
     first fit: take a loaded choice, or probe the first training batch;
@@ -121,7 +140,7 @@ def resolve_auto_fp32(net: Any, X: Any, y: Any = None, **fit_params: Any) -> Non
     if choice is None:
         rng = get_rng_state()
         try:
-            dataset, _ = net.get_split_datasets(X, y, **fit_params)
+            dataset, _ = net.get_split_datasets(X, y, **split_params(net, fit_params))
             report = build_report(net, dataset, None)
         finally:
             set_rng_state(rng)

@@ -188,7 +188,7 @@ def resolve_precision(
     natively (a CPU with AVX512-BF16 or AMX, a CUDA device of compute
     capability 8.0 or newer) and float16 on other CUDA and MPS devices. On
     a CPU without native bf16, ``'auto'`` still picks bfloat16 (float16 on
-    CPU is far slower) and the policy carries a notice saying so.
+    CPU is usually slower) and the policy carries a notice saying so.
 
     Raises
     ------
@@ -241,8 +241,9 @@ def resolve_precision(
         dtype = requested or torch.bfloat16
         if dtype == torch.float16:
             notices.append(
-                "float16 autocast on CPU is correct but typically 10-60x slower than "
-                "float32; it is useful to exercise loss scaling on a CPU. For speed on "
+                "float16 autocast on CPU is correct but often slower than float32, by a "
+                "factor that depends on the model and the CPU (few CPUs compute float16 "
+                "natively); it is useful to exercise loss scaling on a CPU. For speed on "
                 "CPU use amp_dtype='bfloat16'."
             )
         elif not native:

@@ -71,7 +71,7 @@ class ModuleReport:
 
 @dataclass
 class PrecisionReport:
-    """The result of :meth:`precision_report`.
+    """The result of :meth:`ampnet.AmpNetMixin.precision_report`.
 
     Attributes
     ----------
