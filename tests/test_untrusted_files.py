@@ -2027,3 +2027,108 @@ def test_write_errors_give_advice_for_their_cause(tmp_path, fitted, monkeypatch)
         fitted.save_params(f_params=str(tmp_path / "p.pt"))
     assert "free space" not in str(info.value)
     info.match("check that the directory exists and that no other program removes files in it")
+
+
+# ---- 18.10 saved 'auto' names, criteria that return no tensor, float64 outputs ----
+
+
+@pytest.mark.parametrize(
+    "choice, problem",
+    [
+        (["*"], r"\['\*'\] is not a module of Tiny"),
+        (["../../etc"], r"\['../../etc'\] is not a module of Tiny"),
+        (["hidden", "nothere"], r"\['nothere'\] is not a module of Tiny"),
+        (["hidden", "hidden"], "it names a module twice"),
+        ("hidden", "expected a list of module names, got str"),
+        ([f"m{i}" for i in range(10**5)], r"\['m0', 'm1', .*'m7'\]\[:8\] \(of 100000\) are not modules"),
+    ],
+)
+def test_saved_auto_choice_must_name_the_modules(tmp_path, saved, choice, problem):
+    """Issue 18: ['*'], ['../../etc'] and unknown names were taken into
+    amp_layout_; a list of 10**5 names was echoed in full in a warning."""
+    from ampnet.precision.auto import METADATA_KEY
+
+    net = tiny_net(amp_fp32_modules="auto").initialize()
+    state = torch.load(saved["f_params"], weights_only=True)
+    state._metadata[""][METADATA_KEY] = choice
+    bad = str(tmp_path / "p.pt")
+    torch.save(state, bad)
+    info = refused_unchanged(
+        net, {"f_params": bad}, re.escape(f"f_params file {bad!r} holds an invalid amp_fp32_modules='auto' choice"),
+        problem,
+    )
+    assert len(str(info.value)) < 1000
+    # loaded directly into the module, the choice is ignored with a short warning
+    with pytest.warns(AmpWarning, match="it was ignored") as record:
+        net.module_.load_state_dict(state)
+    assert len(str(record[0].message)) < 1000
+    from ampnet.precision.auto import find_auto_hooks
+
+    assert find_auto_hooks(net.module_).loaded is None
+
+
+def test_a_long_different_choice_is_reported_briefly(data):
+    from ampnet.precision.auto import METADATA_KEY
+
+    class Deep(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(30)])
+            self.out = torch.nn.Linear(4, 2)
+
+        def forward(self, X):
+            return torch.softmax(self.out(self.layers(X)), dim=-1)
+
+    net = tiny_net(Deep, amp_fp32_modules="auto", max_epochs=1)
+    quietly(net.fit, *data)
+    state = net.module_.state_dict()
+    state._metadata[""][METADATA_KEY] = [f"layers.{i}" for i in range(30)]
+    with pytest.warns(AmpWarning, match=r"keeping \['layers.0', .*'layers.7'\]\[:8\] \(of 30\) in float32") as record:
+        net.module_.load_state_dict(state)
+    assert "layers.8'" not in str(record[0].message)
+
+
+class TupleLoss(torch.nn.NLLLoss):
+    def forward(self, y_pred, y_true):
+        loss = super().forward(torch.log(y_pred), y_true)
+        return loss, {"nll": loss.detach()}
+
+
+class FloatLoss(torch.nn.NLLLoss):
+    def forward(self, y_pred, y_true):
+        return super().forward(torch.log(y_pred), y_true).detach().item()
+
+
+@pytest.mark.parametrize("criterion, what", [(TupleLoss, "a tuple of 2"), (FloatLoss, "a float")])
+@pytest.mark.parametrize("amp", [True, False])
+def test_a_criterion_that_returns_no_tensor_gets_a_clear_type_error(data, criterion, what, amp):
+    """Issue 18: AttributeError: 'tuple' object has no attribute 'backward'."""
+    net = tiny_net(criterion=criterion, **({} if amp else {"amp_enabled": False, "amp_dtype": "auto"}))
+    with pytest.raises(TypeError, match=f"The criterion {criterion.__name__} returned {what} ") as info:
+        quietly(net.fit, *data)
+    info.match("get_loss must return the loss as a floating tensor")
+    info.match("Fix: make the criterion's forward return the loss tensor")
+
+
+class Float64Out(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 2)
+
+    def forward(self, X):
+        return torch.softmax(self.lin(X).double(), dim=-1)
+
+
+@pytest.mark.parametrize("precision", ["float16", "bfloat16"])
+def test_predict_proba_is_float32_with_amp_whatever_the_module_returns(data, precision):
+    """Issue 18: a module returning float64 made predict_proba float64 with
+    AMP on, although the README says float32."""
+    net = tiny_net(Float64Out, precision=precision, max_epochs=1)
+    quietly(net.fit, *data)
+    proba = net.predict_proba(data[0][:8])
+    assert proba.dtype == np.float32
+    assert net.forward(data[0][:8]).dtype == torch.float32
+    assert np.allclose(proba.sum(1), 1.0, atol=1e-3)
+    off = tiny_net(Float64Out, amp_enabled=False, amp_dtype="auto", max_epochs=1)
+    quietly(off.fit, *data)
+    assert off.predict_proba(data[0][:8]).dtype == np.float64  # AMP off: skorch's behaviour
