@@ -639,7 +639,10 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
             state.check_loss_inputs = False
             check_loss_inputs(self, y_pred, y_true)
         with self.precision_.forward_context():
-            return super().get_loss(y_pred, y_true, X=X, training=training)
+            loss = super().get_loss(y_pred, y_true, X=X, training=training)
+        if not (isinstance(loss, torch.Tensor) and loss.is_floating_point()):
+            _refuse_loss(self, loss)
+        return loss
 
     # ---- epochs and callbacks -------------------------------------------
 
@@ -737,6 +740,23 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
                 and self.predict_nonlinearity == "auto":
             return kept
         return super()._get_predict_nonlinearity()
+
+
+def _refuse_loss(net: Any, loss: Any) -> None:
+    """Raise the TypeError for a criterion that returned no floating tensor."""
+    criterion = net.__dict__.get("criterion_")
+    if criterion is not None:
+        name = type(criterion).__name__
+    else:
+        name = getattr(getattr(net, "criterion", None), "__name__", "the criterion")
+    what = (f"a {type(loss).__name__} of {len(loss)}" if isinstance(loss, (tuple, list))
+            else f"a {loss.dtype} tensor" if isinstance(loss, torch.Tensor) else f"a {type(loss).__name__}")
+    raise TypeError(
+        f"The criterion {name} returned {what} ({str(loss)[:80]}), but get_loss must return "
+        "the loss as a floating tensor, which backward() differentiates. Fix: make the "
+        "criterion's forward return the loss tensor (e.g. 'return loss', not 'return loss, "
+        "parts'; torch operations, not Python numbers), or override get_loss to pick it."
+    )
 
 
 class AmpNet(AmpNetMixin, NeuralNet):
