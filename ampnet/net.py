@@ -33,6 +33,8 @@ from ampnet.exceptions import amp_warn
 from ampnet.warning_site import SITE_ATTRIBUTE, user_site
 from ampnet.flight import nonfinite_loss_message
 from ampnet.net_repr import add_amp_params
+from ampnet.net_state import all_or_nothing
+from ampnet.output_checks import check_loss_inputs
 from ampnet.conversion import ConversionMixin
 from ampnet.io.persistence import PersistenceMixin
 from ampnet.parallel import Parallel, build_parallel
@@ -58,6 +60,9 @@ LAYOUT_PARAMS = frozenset({
     "amp_enabled", "amp_dtype", "amp_level", "amp_master_weights", "amp_fp32_modules", "amp_modules",
     "memory_format",
 })
+
+#: Parameters that a fitted net stores for the next fit (no component is rebuilt).
+STORED_PREFIXES = ("iterator_train", "iterator_valid", "dataset")
 
 #: Parameters whose change rebuilds the loss scaler (besides non-live ``grad_scaler__*``).
 SCALER_PARAMS = frozenset({"amp_enabled", "amp_dtype", "device", "grad_scaler"})
@@ -156,16 +161,17 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
 
     def initialize(self) -> "AmpNetMixin":
         """Check every AMP setting, then initialize skorch's components and
-        the precision, step and data-parallel components. A failure leaves
-        ``initialized_`` False."""
+        the precision, step and data-parallel components. All or nothing:
+        if anything fails, the net is left exactly as it was (an
+        initialized net keeps its module, optimizer and precision)."""
         check_device(self.device)
         params = self._precision_params()
         settings = read_settings(params)
         steps.check_step_params(params)
         if is_auto(self.amp_enabled):
             autotune_settings(self.get_params_for("amp_autotune"))
-        was_initialized = self.initialized_
-        try:
+        with all_or_nothing(self):
+            was_initialized = self.initialized_
             with self._current_init_context("grad_scaler"):
                 kwargs = {"grad_scaler__" + k: v for k, v in self.get_params_for("grad_scaler").items()}
                 if was_initialized and self.verbose and kwargs:
@@ -183,9 +189,6 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
             self.amp_step_state_ = steps.StepState(closure=self._uses_closure())
             with self._current_init_context("parallel"):
                 self.parallel_ = build_parallel(self, self.amp_step_state_.closure)
-        except BaseException:
-            self.initialized_ = False
-            raise
         warn_ineffective_settings(self)
         return self
 
@@ -257,8 +260,12 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         ``growth_interval``, ``min_scale``, ``max_scale`` and
         ``hysteresis`` change the live scaler; other scaler settings and the
         precision parameters rebuild it (and the module's precision layout,
-        keeping the trained weights) with skorch's re-init message. If
-        anything fails, the net is left as it was.
+        keeping the trained weights) with skorch's re-init message.
+        Optimizer settings (``lr``, ``optimizer__momentum``, ...) change the
+        live optimizer after the optimizer accepts them, and show in
+        ``get_params()``; ``iterator_*`` and ``dataset*`` settings apply
+        at the next fit. If anything fails, for any parameter, the net is
+        left exactly as it was (:mod:`ampnet.net_state`).
         """
         # grad_scaler and grad_scaler__* are ampnet's to handle: skorch would
         # treat the "grad_scaler" prefix as a module and refuse it
@@ -266,8 +273,9 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
                if k == "grad_scaler" or k.startswith(("grad_scaler__", "amp_autotune__"))}
         others = {k: v for k, v in kwargs.items() if k not in own}
         if not self.initialized_:
-            super().set_params(**others)
-            self.__dict__.update(own)
+            with all_or_nothing(self):
+                super().set_params(**others)
+                self.__dict__.update(own)
             return self
         # every check first: nothing has changed when one refuses
         if "device" in kwargs:
@@ -283,45 +291,50 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
             Precision(settings, self.precision_.scaler).check_optimizers(
                 [(n, getattr(self, n + "_")) for n in self._optimizers]
             )
-        saved, restore_live = dict(self.__dict__), self._snapshot_live_objects()
-        try:
+        # read at the next fit: skorch re-initializes nothing for them (and
+        # refuses them on an initialized net)
+        stored = {k: v for k, v in others.items() if k.startswith(STORED_PREFIXES)}
+        others = {k: v for k, v in others.items() if k not in stored}
+        with all_or_nothing(self):
+            if stored:
+                vars(self).update(stored)
+                self._params_to_validate.update(stored)
+                self._validate_params()
+            # kept as parameters (skorch's virtual setter forgets them), and
+            # before skorch's set_params, so that a re-initialized optimizer has them
+            vars(self).update(self._optimizer_settings(others))
             if others:
                 super().set_params(**others)
+            self._check_optimizers_accept(others)
             self.__dict__.update(own)
             if AUTOTUNE_INPUTS.intersection(kwargs):
                 self.__dict__.pop("amp_autotune_", None)  # the next fit probes again
             self._apply_precision(settings, sorted(kwargs))
-        except BaseException:
-            restore_live()
-            self.__dict__.clear()
-            self.__dict__.update(saved)
-            raise
         return self
 
-    def _snapshot_live_objects(self):
-        """Undo for what ``set_params`` changes in place rather than
-        replacing: the live scaler's settings and scale, and the optimizers'
-        hyper-parameters (skorch's virtual parameters such as ``lr``)."""
-        scaler = self.precision_.scaler
-        scaler_state = dict(vars(scaler))
-        scale = scaler._scale.clone() if isinstance(getattr(scaler, "_scale", None), torch.Tensor) else None
-        groups = [
-            (group, dict(group))
-            for name in self._optimizers
-            if isinstance(getattr(self, name + "_", None), torch.optim.Optimizer)
-            for group in getattr(self, name + "_").param_groups
-        ]
+    def _optimizer_settings(self, changed: dict[str, Any]) -> dict[str, Any]:
+        """The ``<optimizer>__<name>`` settings among ``changed`` (not
+        ``lr``, which skorch keeps, nor ``param_groups__*``, which are
+        no constructor arguments)."""
+        return {k: v for k, v in changed.items()
+                if any(k.startswith(n + "__") and not k.startswith(n + "__param_groups__")
+                       for n in self._optimizers)}
 
-        def restore() -> None:
-            vars(scaler).clear()
-            vars(scaler).update(scaler_state)
-            if scale is not None:
-                scaler._scale.copy_(scale)
-            for group, values in groups:
-                group.clear()
-                group.update(values)
-
-        return restore
+    def _check_optimizers_accept(self, changed: dict[str, Any]) -> None:
+        """skorch sets optimizer settings (``lr``, ``optimizer__momentum``)
+        in the live optimizer's parameter groups without a check: build each
+        changed optimizer afresh, as ``initialize()`` would, so that an
+        invalid value raises."""
+        if getattr(self, "_trimmed_for_prediction", False):
+            return
+        for name in self._optimizers:
+            if not any(k.startswith(name + "__") or (k == "lr" and name == "optimizer") for k in changed):
+                continue
+            factory = getattr(self, name, None)
+            # a distributed optimizer (ZeroRedundancyOptimizer) talks to its peers when built
+            if callable(factory) and not getattr(factory, "__module__", "").startswith("torch.distributed"):
+                args, kwargs = self.get_params_for_optimizer(name, self.get_all_learnable_params())
+                factory(*args, **kwargs)
 
     def _apply_precision(self, settings: Any, changed: list[str]) -> None:
         """Bring ``precision_`` in line with ``settings`` after ``changed``
@@ -616,7 +629,15 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
                 raise
 
     def get_loss(self, y_pred, y_true, X=None, training=False):
-        """Loss in the precision context (from the float32 outputs of :meth:`infer`)."""
+        """Loss in the precision context (from the float32 outputs of :meth:`infer`).
+
+        On the first training batch of a fit, outputs and targets are
+        checked for two natural mistakes (logits with ``NLLLoss``, float
+        ``y`` for class indices; :mod:`ampnet.output_checks`)."""
+        state = self.__dict__.get("amp_step_state_")
+        if training and state is not None and state.check_loss_inputs:
+            state.check_loss_inputs = False
+            check_loss_inputs(self, y_pred, y_true)
         with self.precision_.forward_context():
             return super().get_loss(y_pred, y_true, X=X, training=training)
 
@@ -633,6 +654,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
             scaler.scaled_in_step = False
         state = self.amp_step_state_
         state.micro_batches = 0
+        state.check_loss_inputs = True
         state.scale = None
         state.recorder = None  # an AmpMonitor among the callbacks attaches one
         steps.current_scale(self)  # before the first scale(): no read

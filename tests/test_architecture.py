@@ -93,6 +93,11 @@ class _ReadCounter:
             setattr(torch.Tensor, name, original)
 
 
+#: One read per fit, on its first training batch: ampnet.output_checks (is the output of a
+#: classifier with NLLLoss probabilities?), amortized over _reads_per_batch's 2 x 16 batches.
+PER_FIT = 1 / 32
+
+
 def _reads_per_batch(cls, **kwargs):
     rng = np.random.RandomState(0)
     X = rng.randn(256, 20).astype(np.float32)
@@ -138,7 +143,7 @@ def test_at_most_one_host_read_per_optimizer_step(settings, steps_per_batch):
     baseline = _reads_per_batch(NeuralNetClassifier, **same)
     ours = _reads_per_batch(AmpNetClassifier, **settings)
     assert baseline >= 1.0  # skorch reads the loss once per batch
-    assert ours <= baseline + steps_per_batch + 1e-9, (ours, baseline)
+    assert ours <= baseline + steps_per_batch + PER_FIT + 1e-9, (ours, baseline)
 
 
 @pytest.mark.parametrize(
@@ -157,4 +162,4 @@ def test_amp_monitor_keeps_one_host_read_per_step(settings):
     steps = 1 / settings.get("gradient_accumulation_steps", 1)
     ours = _reads_per_batch(AmpNetClassifier, callbacks=[AmpMonitor(sink=lambda line: None)], **settings)
     per_epoch = 1 / 16  # 16 batches per epoch
-    assert ours <= baseline + steps + per_epoch + 1e-9, (ours, baseline)
+    assert ours <= baseline + steps + per_epoch + PER_FIT + 1e-9, (ours, baseline)

@@ -417,15 +417,35 @@ def test_export_from_a_cuda_net_runs_on_the_cpu(digits, tmp_path):
     np.testing.assert_allclose(program.module()(torch.from_numpy(X)).numpy(), reference, atol=1e-4)
 
 
-def test_untraceable_module_names_it_and_keeps_the_old_file(digits, tmp_path):
+def test_untraceable_module_names_it_and_keeps_the_old_file(digits, tmp_path, capfd):
     net = AmpNetClassifier(Branchy, verbose=0).initialize()
     target = tmp_path / "m.pt2"
     target.write_bytes(b"previous model")
+    capfd.readouterr()
     with pytest.raises(ValueError, match=r"torch.export could not trace Branchy with X_example of "
                        r"shape \(4, 64\) and dtype float32 \(GuardOnDataDependentSymNode.*Fix: "):
         net.export(target, digits[0][:4], format="torch.export")
+    # torch printed its partial FX graph twice, and a shape warning, before this error
+    assert capfd.readouterr().err == ""
     assert target.read_bytes() == b"previous model"
     assert os.listdir(tmp_path) == ["m.pt2"]
+
+
+class Chatty(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(64, 10)
+
+    def forward(self, X):
+        print("Chatty traced", file=sys.stderr)
+        return self.lin(X)
+
+
+def test_what_a_successful_trace_prints_is_passed_on(digits, tmp_path, capfd):
+    net = AmpNetClassifier(Chatty, verbose=0).initialize()
+    capfd.readouterr()
+    net.export(tmp_path / "m.pt2", digits[0][:4], format="torch.export")
+    assert "Chatty traced" in capfd.readouterr().err
 
 
 def test_export_replaces_an_existing_file(trained, digits, tmp_path):

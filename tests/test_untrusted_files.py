@@ -1657,3 +1657,252 @@ def test_scaler_file_with_the_largest_streak_loads_and_trains(tmp_path, saved, d
     assert net.grad_scaler_._overflow_streak == 2**31 - 2
     quietly(net.partial_fit, *data)
     assert math.isfinite(net.grad_scaler_.get_scale())
+
+
+# ---- 18.5 scheduler states are range-checked, not only type-checked --------------
+
+_SCHEDULERS = {
+    "StepLR": dict(step_size=1, gamma=0.5),
+    "MultiStepLR": dict(milestones=[1, 3], gamma=0.5),
+    "ExponentialLR": dict(gamma=0.9),
+    "LinearLR": dict(start_factor=0.5, total_iters=3),
+    "PolynomialLR": dict(total_iters=4, power=2.0),
+    "CosineAnnealingLR": dict(T_max=4),
+    "ReduceLROnPlateau": dict(monitor="train_loss", factor=0.5),
+    "OneCycleLR": dict(max_lr=0.1, total_steps=40),
+}
+
+
+def _policy_checkpoint(tmp_path, data, policy):
+    """A checkpoint after one epoch with an LRScheduler of ``policy``."""
+    cb = LRScheduler(getattr(torch.optim.lr_scheduler, policy), **_SCHEDULERS[policy])
+    cp = Checkpoint(monitor=None, dirname=str(tmp_path / policy))
+    torch.manual_seed(0)
+    quietly(tiny_net(callbacks=[cb, cp], max_epochs=1).fit, *data)
+    return cp
+
+
+def _policy_net(policy):
+    cb = LRScheduler(getattr(torch.optim.lr_scheduler, policy), **_SCHEDULERS[policy])
+    return tiny_net(callbacks=[cb]).initialize()
+
+
+def _edit_scheduler_state(cp, edit):
+    path = os.path.join(cp.dirname, "lr_schedulers.json")
+    data = json.loads(Path(path).read_text())
+    edit(data["schedulers"]["LRScheduler"]["state"])
+    Path(path).write_text(json.dumps(data))
+    return path
+
+
+def _set(key, value):
+    def edit(state):
+        state[key] = value
+    return edit
+
+
+_NAN, _INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize(
+    "policy, edit, problem",
+    [
+        ("StepLR", _set("step_size", 0), r"\['step_size'\] = 0 \(int\) must be an int in \[1, 2\*\*53\]"),
+        ("StepLR", _set("gamma", _NAN), r"\['gamma'\] = nan \(float\) must be a finite number in \(0, 1000\]"),
+        ("StepLR", _set("gamma", -1e300), r"\['gamma'\] = -1e\+300 \(float\) must be a finite number in \(0,"),
+        ("StepLR", _set("gamma", 1e300), r"\['gamma'\] = 1e\+300 \(float\) must be a finite number in \(0,"),
+        ("StepLR", _set("last_epoch", -5), r"\['last_epoch'\] = -5 \(int\) must be an int in \[-1, 2\*\*53\]"),
+        ("StepLR", _set("_step_count", 2**60), r"\['_step_count'\] = 1152921504606846976 \(int\) must be an int"),
+        ("StepLR", _set("base_lrs", [-0.1]), r"\['base_lrs'\] = \[-0.1\] \(list\) must be a list of finite numbers >= 0"),
+        ("StepLR", _set("_last_lr", [_INF]), r"\['_last_lr'\] = \[inf\] \(list\) must be a list of finite"),
+        ("MultiStepLR", _set("milestones", {"x": 1}), r"\['milestones'\] = \{'x': 1\} \(dict\) must map epochs"),
+        ("MultiStepLR", _set("milestones", {"2": -1}), r"\['milestones'\] = Counter\(\{2: -1\}\) \(Counter\) must map"),
+        ("MultiStepLR", _set("gamma", _NAN), r"\['gamma'\] = nan \(float\) must be a finite number"),
+        ("ExponentialLR", _set("gamma", 0.0), r"\['gamma'\] = 0.0 \(float\) must be a finite number in \(0, 1000\]"),
+        ("LinearLR", _set("start_factor", 0.0), r"\['start_factor'\] = 0.0 \(float\) must be a finite number in \(0, 1\]"),
+        ("LinearLR", _set("end_factor", 2.0), r"\['end_factor'\] = 2.0 \(float\) must be a finite number in \[0, 1\]"),
+        ("PolynomialLR", _set("total_iters", 0), r"\['total_iters'\] = 0 \(int\) must be an int in \[1, 2\*\*53\]"),
+        ("PolynomialLR", _set("power", -1.0), r"\['power'\] = -1.0 \(float\) must be a finite number in \[0, 1000\]"),
+        ("CosineAnnealingLR", _set("T_max", 0), r"\['T_max'\] = 0 \(int\) must be a finite number in \(0, "),
+        ("CosineAnnealingLR", _set("eta_min", -1.0), r"\['eta_min'\] = -1.0 \(float\) must be a finite number in \[0, inf\]"),
+        ("ReduceLROnPlateau", _set("factor", 1.5), r"\['factor'\] = 1.5 \(float\) must be a finite number in \[0, 1\)"),
+        ("ReduceLROnPlateau", _set("patience", -1), r"\['patience'\] = -1 \(int\) must be an int in \[0, 2\*\*53\]"),
+        ("ReduceLROnPlateau", _set("best", _NAN), r"\['best'\] = nan \(float\) must be a number \(not NaN\)"),
+        ("ReduceLROnPlateau", _set("mode", "up"), r"\['mode'\] = 'up' \(str\) must be one of 'min', 'max'"),
+        ("OneCycleLR", _set("total_steps", 0), r"\['total_steps'\] = 0 \(int\) must be an int in \[1, 2\*\*53\]"),
+        (
+            "OneCycleLR",
+            lambda s: s["_schedule_phases"][0].update(start_lr="lr"),
+            r"\['_schedule_phases'\]\[0\]\['start_lr'\] = 'lr' \(str\) must be one of",
+        ),
+        (   # every field in range, but the phases end on the same step: the trial step divides by zero
+            "OneCycleLR",
+            lambda s: [p.update(end_step=2.0) for p in s["_schedule_phases"]],
+            r"makes the scheduler fail to step \(ZeroDivisionError",
+        ),
+    ],
+)
+@pytest.mark.parametrize("path", ["LoadInitState", "load_params"])
+def test_scheduler_fields_out_of_range_are_refused(tmp_path, data, policy, edit, problem, path):
+    """Issue 18: step_size 0 crashed the resumed fit (ZeroDivisionError);
+    gamma NaN or -1e300 loaded and made the learning rate NaN or -3.6e298."""
+    cp = _policy_checkpoint(tmp_path, data, policy)
+    target = _edit_scheduler_state(cp, edit)
+    net = _policy_net(policy)
+    cb = dict(net.callbacks_)["LRScheduler"]
+    if path == "load_params":
+        cb.on_train_begin(net)  # running, as during training
+    scheduler_before = copy.deepcopy(cb.lr_scheduler_.state_dict()) if cb.lr_scheduler_ else None
+    before = snapshot(net)
+    with pytest.raises(ValueError, match=problem) as info:
+        if path == "LoadInitState":
+            LoadInitState(cp).initialize().on_train_begin(net)
+        else:
+            net.load_params(checkpoint=cp)
+    info.match(re.escape(f"f_lr_schedulers file {target!r} holds an invalid state for scheduler 'LRScheduler'"))
+    info.match(re.escape("schedulers['LRScheduler']['state']"))
+    assert differences(snapshot(net), before) == []
+    if path == "load_params":
+        assert differences(cb.lr_scheduler_.state_dict(), scheduler_before) == []
+
+
+@pytest.mark.parametrize("policy", sorted(_SCHEDULERS))
+def test_every_stock_scheduler_resumes_as_saved(tmp_path, data, policy):
+    """The range checks accept what the schedulers save; MultiStepLR's
+    milestones (a Counter, whose int keys JSON turns into strings) resume
+    as ints (before issue 18 a MultiStepLR checkpoint could not be loaded)."""
+    cp = _policy_checkpoint(tmp_path, data, policy)
+    saved = json.loads(Path(cp.dirname, "lr_schedulers.json").read_text())["schedulers"]["LRScheduler"]
+    net = _policy_net(policy)
+    cb = dict(net.callbacks_)["LRScheduler"]
+    lis = LoadInitState(cp).initialize()
+    lis.on_train_begin(net)
+    cb.on_train_begin(net)
+    lis.on_epoch_begin(net)  # restores the saved scheduler state
+    state = cb.lr_scheduler_.state_dict()
+    assert json.loads(json.dumps(state)) == saved["state"]
+    if policy == "MultiStepLR":
+        assert state["milestones"] == {1: 1, 3: 1} and all(type(k) is int for k in state["milestones"])
+    assert net.optimizer_.param_groups[0]["lr"] == pytest.approx(saved["state"]["_last_lr"][0])
+
+
+# ---- 18.6 a rolled-back load leaves no amp_fp32_modules='auto' choice behind -------
+
+
+def test_rolled_back_load_undoes_the_saved_auto_choice(tmp_path, saved, monkeypatch, data):
+    """Issue 18: the parameters file's load hook recorded its saved 'auto'
+    choice, and a rollback kept it: the net then trained with the saved
+    layout instead of probing its own."""
+    from ampnet.precision.auto import METADATA_KEY, find_auto_hooks
+
+    net = tiny_net(amp_fp32_modules="auto").initialize()
+    assert net.amp_layout_.auto_fp32_modules is None  # the first fit probes
+    state = net.module_.state_dict()
+    state._metadata[""][METADATA_KEY] = ["hidden"]
+    params = str(tmp_path / "auto.pt")
+    torch.save(state, params)
+
+    def fail(state):
+        raise Boom("disk gone")
+
+    monkeypatch.setattr(net.grad_scaler_, "load_state_dict", fail)
+    with pytest.raises(ValueError, match="Everything was rolled back"):
+        net.load_params(f_params=params, f_grad_scaler=saved["f_grad_scaler"])
+    assert find_auto_hooks(net.module_).loaded is None
+    monkeypatch.undo()
+    quietly(net.partial_fit, *data)
+    assert net.amp_layout_.auto_fp32_modules == ()  # its own probe: Tiny never overflows
+    # without the failure the saved choice is taken
+    other = tiny_net(amp_fp32_modules="auto").initialize()
+    other.load_params(f_params=params)
+    quietly(other.partial_fit, *data)
+    assert other.amp_layout_.auto_fp32_modules == ("hidden",)
+
+
+# ---- 18.7 export with an integer X_example -----------------------------------------
+
+
+def test_export_with_integer_features_is_refused_clearly(tmp_path, fitted, data):
+    """Issue 18: an integer X_example wrote an ONNX file that ONNX Runtime
+    could not load (Gemm bound to int64 and float)."""
+    pytest.importorskip("onnxscript")
+    X = np.round(data[0][:4] * 10).astype(np.int64)
+    for fmt, name in (("onnx", "m.onnx"), ("torch.export", "m.pt2")):
+        with pytest.raises(ValueError, match=r"X_example holds int64 values, but Tiny fails on them \(RuntimeError") as info:
+            fitted.export(str(tmp_path / name), X, format=fmt)
+        info.match(r"Fix: pass X_example.astype\(numpy.float32\)")
+        assert os.listdir(tmp_path) == []
+    # the float version exports and runs in ONNX Runtime
+    ort = pytest.importorskip("onnxruntime")
+    path = fitted.export(str(tmp_path / "m.onnx"), X.astype(np.float32))
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    out = session.run(None, {"input": X.astype(np.float32)})[0]
+    assert out.dtype == np.float32
+    assert np.allclose(out, fitted.predict_proba(X.astype(np.float32)), atol=5e-3)
+
+
+class Embedded(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(10, 4)
+        self.out = torch.nn.Linear(4, 2)
+
+    def forward(self, X):
+        return torch.softmax(self.out(self.emb(X).mean(1)), dim=-1)
+
+
+def test_export_keeps_integer_input_for_an_embedding(tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    X = np.random.RandomState(0).randint(0, 10, size=(32, 3)).astype(np.int64)
+    y = (X[:, 0] > 4).astype(np.int64)
+    torch.manual_seed(0)
+    net = AmpNetClassifier(Embedded, max_epochs=1, train_split=None, verbose=0).fit(X, y)
+    path = net.export(str(tmp_path / "e.onnx"), X[:4])
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    assert session.get_inputs()[0].type == "tensor(int64)"
+    assert np.allclose(session.run(None, {"input": X[:8]})[0], net.predict_proba(X[:8]), atol=1e-5)
+
+
+# ---- 18.8 a failed save or export leaves no temporary file -----------------------
+
+
+def _debris(*folders):
+    return [
+        os.path.join(folder, name) for folder in folders for name in os.listdir(folder)
+        if name.endswith(TEMP_SUFFIX)
+    ]
+
+
+def test_export_onto_a_directory_or_an_empty_path_leaves_nothing(tmp_path, fitted, data, monkeypatch):
+    """Issue 18: a failed export onto a directory left a model-sized
+    .ampnet-tmp file; export('') left one in the parent of the working
+    directory."""
+    work = tmp_path / "work"
+    (work / "model.pt2").mkdir(parents=True)
+    monkeypatch.chdir(work)
+    with pytest.raises(ValueError, match=r"path must name a file; got 'model.pt2', a directory"):
+        fitted.export("model.pt2", data[0][:4], format="torch.export")
+    with pytest.raises(ValueError, match=r"path must name a file; got '', which names no file"):
+        fitted.export("", data[0][:4], format="torch.export")
+    assert _debris(work, tmp_path, work / "model.pt2") == []
+    assert sorted(os.listdir(work)) == ["model.pt2"] and os.listdir(work / "model.pt2") == []
+
+
+def test_a_failed_rename_removes_its_temporary_file(tmp_path, fitted, monkeypatch):
+    """The last step of a one-file save (the rename) fails: the temporary
+    file goes, and the error names the target."""
+    target = tmp_path / "params.pt"
+    target.write_bytes(b"old")
+
+    def refuse(src, dst):
+        raise PermissionError(errno.EACCES, "Permission denied", dst)
+
+    monkeypatch.setattr(os, "replace", refuse)
+    with pytest.raises(PermissionError, match=re.escape(f"Could not write {str(target)!r}: Permission denied")):
+        fitted.save_params(f_params=str(target))
+    monkeypatch.undo()
+    assert _debris(tmp_path) == [] and target.read_bytes() == b"old"
+    with pytest.raises(IsADirectoryError, match="it is a directory. Nothing was written"):
+        fitted.save_params(f_params=str(tmp_path))
+    assert _debris(tmp_path, tmp_path.parent) == []

@@ -382,7 +382,14 @@ def atomic_write_group(writers: Mapping[Any, Writer]) -> None:
             _remove_quietly(temp)
         raise
     if len(moves) == 1:
-        os.replace(*moves[0])
+        temp, final = moves[0]
+        try:
+            os.replace(temp, final)
+        except BaseException as exc:
+            _remove_quietly(temp)
+            if isinstance(exc, OSError):
+                raise _write_error(final, exc) from exc
+            raise
         _fsync_dir(directories[0])
         return
     written = []

@@ -188,7 +188,7 @@ def check_torch_zip(f: BinaryIO, source: str) -> None:
     try:
         with zipfile.ZipFile(f) as archive:
             records = archive.infolist()
-    except (zipfile.BadZipFile, ValueError, EOFError, OSError) as exc:
+    except (zipfile.BadZipFile, ValueError, EOFError, OSError, NotImplementedError) as exc:
         raise ValueError(
             f"{source} cannot be read as a torch file: it is not in torch's zip format "
             f"({type(exc).__name__}: {exc}). ampnet reads only the zip format that "
