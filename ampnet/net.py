@@ -233,7 +233,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
     def get_params_for_optimizer(self, prefix: str, named_parameters: Any) -> tuple[tuple, dict]:
         """skorch's optimizer arguments; with AMP on, the optimizer's fused
         kernel (else foreach) unless ``fused``/``foreach`` is set (see
-        :mod:`ampnet.precision.kernels`)."""
+        ``ampnet.precision.kernels``)."""
         args, kwargs = super().get_params_for_optimizer(prefix, named_parameters)
         prec = self.__dict__.get("precision_")
         if prec is not None and prec.enabled and args:
@@ -265,7 +265,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         live optimizer after the optimizer accepts them, and show in
         ``get_params()``; ``iterator_*`` and ``dataset*`` settings apply
         at the next fit. If anything fails, for any parameter, the net is
-        left exactly as it was (:mod:`ampnet.net_state`).
+        left exactly as it was (``ampnet.net_state``).
         """
         # grad_scaler and grad_scaler__* are ampnet's to handle: skorch would
         # treat the "grad_scaler" prefix as a module and refuse it
@@ -633,7 +633,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
 
         On the first training batch of a fit, outputs and targets are
         checked for two natural mistakes (logits with ``NLLLoss``, float
-        ``y`` for class indices; :mod:`ampnet.output_checks`)."""
+        ``y`` for class indices; ``ampnet.output_checks``)."""
         state = self.__dict__.get("amp_step_state_")
         if training and state is not None and state.check_loss_inputs:
             state.check_loss_inputs = False
