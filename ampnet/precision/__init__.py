@@ -7,7 +7,8 @@ API; the second is what the rest of ampnet (the net, persistence, export,
 diagnosis) uses of the precision component.
 """
 
-from ampnet.precision.auto import find_auto_hooks, remove_auto_hooks, resolve_auto_fp32
+from ampnet.precision.auto import METADATA_KEY as AUTO_METADATA_KEY
+from ampnet.precision.auto import choice_problem, find_auto_hooks, remove_auto_hooks, resolve_auto_fp32
 from ampnet.precision.autotune import (
     AutotuneResult, add_saved_choice, autotune_settings, effective_params, is_auto, plan_saved_choice,
     read_saved_choice, run_probe,
@@ -44,6 +45,7 @@ __all__ = [
     "parse_amp_dtype",
     "resolve_precision",
     # used by the rest of ampnet
+    "AUTO_METADATA_KEY",
     "COMPENSATION_KEY",
     "DTYPE_ALIASES",
     "LIVE_SETTINGS",
@@ -55,6 +57,7 @@ __all__ = [
     "build_report",
     "build_scaler",
     "check_device",
+    "choice_problem",
     "compensation_of",
     "drop_compensation",
     "dtype_name",
