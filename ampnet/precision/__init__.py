@@ -8,7 +8,8 @@ diagnosis) uses of the precision component.
 """
 
 from ampnet.precision.auto import METADATA_KEY as AUTO_METADATA_KEY
-from ampnet.precision.auto import choice_problem, find_auto_hooks, remove_auto_hooks, resolve_auto_fp32
+from ampnet.precision.auto import choice_problem, find_auto_hooks, remove_auto_hooks
+from ampnet.precision.auto_probe import resolve_auto_fp32
 from ampnet.precision.autotune import (
     AutotuneResult, add_saved_choice, autotune_settings, effective_params, is_auto, plan_saved_choice,
     read_saved_choice, run_probe,
