@@ -149,10 +149,14 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
 
     # ---- initialization -------------------------------------------------
 
-    def _precision_params(self, **changes: Any) -> dict[str, Any]:
+    def precision_params(self, **changes: Any) -> dict[str, Any]:
         """The precision parameters the net trains with, after ``changes``:
         ``amp_enabled='auto'`` stands for its choice (float32 before it, or
-        when ``changes`` drop it; see :mod:`ampnet.precision.autotune`)."""
+        when ``changes`` drop it; see :mod:`ampnet.precision.autotune`).
+
+        Part of the protocol that :mod:`ampnet.precision` calls on the net
+        (it calls no private method of the net); not a user API.
+        """
         params = {name: getattr(self, name) for name in PRECISION_PARAMS + steps.STEP_PARAMS}
         params.update({"grad_scaler__" + k: v for k, v in self.get_params_for("grad_scaler").items()})
         params.update(changes)
@@ -165,7 +169,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         if anything fails, the net is left exactly as it was (an
         initialized net keeps its module, optimizer and precision)."""
         check_device(self.device)
-        params = self._precision_params()
+        params = self.precision_params()
         settings = read_settings(params)
         steps.check_step_params(params)
         if is_auto(self.amp_enabled):
@@ -195,7 +199,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
     def initialize_grad_scaler(self) -> "AmpNetMixin":
         """Build a new ``grad_scaler_`` from ``grad_scaler`` and the
         ``grad_scaler__*`` parameters (the scale restarts at ``init_scale``)."""
-        settings = read_settings(self._precision_params())
+        settings = read_settings(self.precision_params())
         self.precision_.scaler = build_scaler(settings)
         self.amp_step_state_.scale = None
         self.amp_step_state_.closure = self._uses_closure()
@@ -215,7 +219,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         super()._initialize_module(reason=reason)
         if prec is None:
             # skorch's _initialize_module() called on its own
-            prec = self.__dict__["precision_"] = Precision.build(read_settings(self._precision_params()))
+            prec = self.__dict__["precision_"] = Precision.build(read_settings(self.precision_params()))
         module = self.__dict__.get("module_")
         if isinstance(module, torch.nn.Module):
             prec.attach(module, trimmed=getattr(self, "_trimmed_for_prediction", False))
@@ -280,7 +284,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         # every check first: nothing has changed when one refuses
         if "device" in kwargs:
             check_device(kwargs["device"])
-        params = self._precision_params(**kwargs)
+        params = self.precision_params(**kwargs)
         settings = read_settings(params)
         steps.check_step_params(params)
         if is_auto(kwargs.get("amp_enabled", self.amp_enabled)):
@@ -364,17 +368,21 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         if not getattr(self, "_trimmed_for_prediction", False):  # refuse before the module changes
             new.check_optimizers([(n, getattr(self, n + "_")) for n in self._optimizers])
         if relayout and isinstance(self.__dict__.get("module_"), torch.nn.Module):
-            self._relayout(prec, new, [k for k in changed if k in LAYOUT_PARAMS])
+            self.relayout_precision(prec, new, [k for k in changed if k in LAYOUT_PARAMS])
         else:
             new.layout, new.masters = prec.layout, prec.masters
         self.__dict__["precision_"] = new
         self.amp_step_state_.scale = None
         self.amp_step_state_.closure = self._uses_closure()
 
-    def _relayout(self, old: Precision, new: Precision, changed: list[str]) -> None:
+    def relayout_precision(self, old: Precision, new: Precision, changed: list[str]) -> None:
         """Move the fitted module to the new layout, keeping the weights; the
         optimizer is rebuilt (its state carried over where the parameters
-        line up) only when low-precision parameters are involved."""
+        line up) only when low-precision parameters are involved.
+
+        Part of the protocol that :mod:`ampnet.precision` calls on the net
+        (it calls no private method of the net); not a user API.
+        """
         trimmed = getattr(self, "_trimmed_for_prediction", False)
         optimizers = [] if trimmed else [getattr(self, n + "_") for n in self._optimizers]
         if not new.take_over(old, self.module_, trimmed, optimizers) or trimmed:
@@ -439,7 +447,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
                 shared = [result]
                 torch.distributed.broadcast_object_list(shared, src=0)
                 result = shared[0]
-        self._adopt_autotune(result)
+        self.adopt_autotune(result)
         if self.verbose and result.source == "probe":
             print(result, flush=True)
 
@@ -465,13 +473,17 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
                 return choice
         return None
 
-    def _adopt_autotune(self, result: AutotuneResult, carry: bool = True) -> None:
+    def adopt_autotune(self, result: AutotuneResult, carry: bool = True) -> None:
         """Train with ``result``'s choice from now on: the precision component,
         the module's layout and the optimizers become those of a net built
         with these settings (the optimizers' state carried over, with
-        ``carry``)."""
+        ``carry``).
+
+        Part of the protocol that :mod:`ampnet.precision` calls on the net
+        (it calls no private method of the net); not a user API.
+        """
         self.__dict__["amp_autotune_"] = result
-        settings = read_settings(self._precision_params())
+        settings = read_settings(self.precision_params())
         old, new = self.precision_, Precision.build(settings)
         trimmed = getattr(self, "_trimmed_for_prediction", False)
         names = [n for n in self._optimizers if isinstance(self.__dict__.get(n + "_"), torch.optim.Optimizer)]
@@ -501,10 +513,14 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         # a new step state, as initialize() builds; DDP re-wraps the module by itself
         self.amp_step_state_ = steps.StepState(closure=self._uses_closure())
 
-    def _autotune_copy(self, params: dict[str, Any]) -> "AmpNetMixin":
+    def autotune_copy(self, params: dict[str, Any]) -> "AmpNetMixin":
         """A net that trains copies of this net's modules with ``params``
         (for the probe): its own precision, optimizers, history and step
-        state, no callbacks, no data parallelism; this net is unchanged."""
+        state, no callbacks, no data parallelism; this net is unchanged.
+
+        Part of the protocol that :mod:`ampnet.precision` calls on the net
+        (it calls no private method of the net); not a user API.
+        """
         from skorch.history import History
 
         from ampnet.precision import module_root
@@ -523,7 +539,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
             precision_=copy.copy(self.precision_), virtual_params_=dict(self.virtual_params_),
             history_=History(), callbacks_=[], verbose=0, parallel_=Parallel(), _trimmed_for_prediction=False,
         )
-        probe._adopt_autotune(AutotuneResult(params=dict(params)), carry=False)
+        probe.adopt_autotune(AutotuneResult(params=dict(params)), carry=False)
         return probe
 
     # ---- the training step ----------------------------------------------

@@ -280,3 +280,19 @@ def test_precision_modules_import_without_cycles():
     graph = _import_graph("ampnet.precision")
     assert "ampnet.precision.component" in graph and "ampnet.precision.auto_probe" in graph
     assert _cycles(graph) == []
+
+
+def test_precision_calls_no_private_method_of_the_net():
+    # the net's protocol for the precision component is public (relayout_precision, ...)
+    calls = []
+    for name, path in _source_files():
+        if not name.startswith("ampnet.precision"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            func = getattr(node, "func", None) if isinstance(node, ast.Call) else None
+            if (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name)
+                    and func.value.id == "net" and func.attr.startswith("_")):
+                calls.append(f"{path.relative_to(ROOT)}:{node.lineno} net.{func.attr}()")
+    assert calls == []
+    for method in ("relayout_precision", "adopt_autotune", "autotune_copy", "precision_params"):
+        assert callable(getattr(AmpNetClassifier, method))

@@ -68,5 +68,5 @@ def resolve_auto_fp32(net: Any, X: Any, y: Any = None, **fit_params: Any) -> Non
             )
     new = Precision(prec.settings, prec.scaler)
     new.auto_fp32 = choice
-    net._relayout(prec, new, ["amp_fp32_modules"])
+    net.relayout_precision(prec, new, ["amp_fp32_modules"])
     net.__dict__["precision_"] = new
