@@ -296,3 +296,20 @@ def test_precision_calls_no_private_method_of_the_net():
     assert calls == []
     for method in ("relayout_precision", "adopt_autotune", "autotune_copy", "precision_params"):
         assert callable(getattr(AmpNetClassifier, method))
+
+
+def test_one_constant_lists_the_low_precision_dtypes():
+    from ampnet.dtypes import LOW_PRECISION_DTYPES
+
+    assert set(LOW_PRECISION_DTYPES) == {torch.float16, torch.bfloat16}
+    low = {"float16", "bfloat16", "half"}
+    found = []
+    for name, path in _source_files():
+        if name == "ampnet.dtypes":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Tuple, ast.List, ast.Set)) and len(node.elts) >= 2:
+                attrs = {e.attr for e in node.elts if isinstance(e, ast.Attribute)}
+                if len(attrs & low) >= 2:
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert found == [], "use ampnet.dtypes.LOW_PRECISION_DTYPES"
