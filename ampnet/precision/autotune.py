@@ -517,7 +517,8 @@ def _measure(net: Any, params: dict[str, Any], batch: Any, settings: dict[str, A
     times = []
     warm = settings["warmup"]
     i = 0
-    while i < warm or (capture.grads is None and i < warm + _EXTRA_WARMUP and probe.precision_.scaling):
+    while i < warm or (capture.nonfinite and capture.grads is None and i < warm + _EXTRA_WARMUP
+                       and probe.precision_.scaling):
         step()
         i += 1
     for _ in range(settings["steps"]):
@@ -528,7 +529,7 @@ def _measure(net: Any, params: dict[str, Any], batch: Any, settings: dict[str, A
     reason = None
     if not finite:
         reason = "unhealthy: the loss is not finite"
-    elif capture.grads is None:
+    elif capture.grads is None and capture.nonfinite:
         reason = "unhealthy: the gradients are not finite"
     return statistics.median(times), reason is None, reason, capture
 
@@ -574,7 +575,7 @@ def run_probe(net: Any, X: Any, y: Any = None, **fit_params: Any) -> AutotuneRes
             if baseline:
                 reference = capture.grads
                 row["grad_cosine"] = 1.0 if reference is not None else None
-            elif healthy and reference is not None:
+            elif healthy and reference is not None and capture.grads is not None:
                 cos = _cosine(capture.grads, reference)
                 row["grad_cosine"] = cos
                 if cos < settings["min_cosine"]:
