@@ -53,7 +53,8 @@ whose median step time so far is 1.5x float32's or more stops after that
 timed step (it cannot win): where AMP does not pay off, the probe costs
 about 7 + 3 per AMP candidate steps (13 for an MLP). One copy of
 the module and the optimizers exists at a time besides the net's own (the
-memory of one more model and optimizer state). The probe's wall time is
+memory of one more model and optimizer state), plus float32's first
+gradients (one float32 value per parameter) for the health check. The probe's wall time is
 ``amp_autotune_.probe_s``.
 
 Settings (``amp_autotune__<name>``)
