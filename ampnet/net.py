@@ -233,7 +233,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
     def get_params_for_optimizer(self, prefix: str, named_parameters: Any) -> tuple[tuple, dict]:
         """skorch's optimizer arguments; with AMP on, the optimizer's fused
         kernel (else foreach) unless ``fused``/``foreach`` is set (see
-        :mod:`ampnet.precision.kernels`)."""
+        ``ampnet.precision.kernels``)."""
         args, kwargs = super().get_params_for_optimizer(prefix, named_parameters)
         prec = self.__dict__.get("precision_")
         if prec is not None and prec.enabled and args:
@@ -265,7 +265,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         live optimizer after the optimizer accepts them, and show in
         ``get_params()``; ``iterator_*`` and ``dataset*`` settings apply
         at the next fit. If anything fails, for any parameter, the net is
-        left exactly as it was (:mod:`ampnet.net_state`).
+        left exactly as it was (``ampnet.net_state``).
         """
         # grad_scaler and grad_scaler__* are ampnet's to handle: skorch would
         # treat the "grad_scaler" prefix as a module and refuse it
@@ -634,13 +634,16 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
 
         On the first training batch of a fit, outputs and targets are
         checked for two natural mistakes (logits with ``NLLLoss``, float
-        ``y`` for class indices; :mod:`ampnet.output_checks`)."""
+        ``y`` for class indices; ``ampnet.output_checks``)."""
         state = self.__dict__.get("amp_step_state_")
         if training and state is not None and state.check_loss_inputs:
             state.check_loss_inputs = False
             check_loss_inputs(self, y_pred, y_true)
         with self.precision_.forward_context():
-            return super().get_loss(y_pred, y_true, X=X, training=training)
+            loss = super().get_loss(y_pred, y_true, X=X, training=training)
+        if not (isinstance(loss, torch.Tensor) and loss.is_floating_point()):
+            _refuse_loss(self, loss)
+        return loss
 
     # ---- epochs and callbacks -------------------------------------------
 
@@ -738,6 +741,23 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
                 and self.predict_nonlinearity == "auto":
             return kept
         return super()._get_predict_nonlinearity()
+
+
+def _refuse_loss(net: Any, loss: Any) -> None:
+    """Raise the TypeError for a criterion that returned no floating tensor."""
+    criterion = net.__dict__.get("criterion_")
+    if criterion is not None:
+        name = type(criterion).__name__
+    else:
+        name = getattr(getattr(net, "criterion", None), "__name__", "the criterion")
+    what = (f"a {type(loss).__name__} of {len(loss)}" if isinstance(loss, (tuple, list))
+            else f"a {loss.dtype} tensor" if isinstance(loss, torch.Tensor) else f"a {type(loss).__name__}")
+    raise TypeError(
+        f"The criterion {name} returned {what} ({str(loss)[:80]}), but get_loss must return "
+        "the loss as a floating tensor, which backward() differentiates. Fix: make the "
+        "criterion's forward return the loss tensor (e.g. 'return loss', not 'return loss, "
+        "parts'; torch operations, not Python numbers), or override get_loss to pick it."
+    )
 
 
 class AmpNet(AmpNetMixin, NeuralNet):

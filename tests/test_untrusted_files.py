@@ -1906,3 +1906,229 @@ def test_a_failed_rename_removes_its_temporary_file(tmp_path, fitted, monkeypatc
     with pytest.raises(IsADirectoryError, match="it is a directory. Nothing was written"):
         fitted.save_params(f_params=str(tmp_path))
     assert _debris(tmp_path, tmp_path.parent) == []
+
+
+# ---- 18.9 one writer per directory ---------------------------------------------------
+
+
+def _plant_lock(directory, pid, host=None, age=0.0):
+    """A lock file as another writer leaves it."""
+    import socket
+    import time
+
+    from ampnet.io.lock import LOCK_NAME
+
+    path = os.path.join(directory, LOCK_NAME)
+    Path(path).write_text(json.dumps({
+        "ampnet_lock_version": 1, "pid": pid, "host": host or socket.gethostname(),
+        "token": "f" * 32, "since": time.time() - age,
+    }))
+    if age:
+        os.utime(path, (time.time() - age, time.time() - age))
+    return path
+
+
+def test_a_second_writer_is_refused_and_removes_nothing(tmp_path, fitted):
+    """Issue 18: the second writer's orphan cleanup deleted the first one's
+    temporary files, and the first then died with FileNotFoundError and the
+    advice to free space."""
+    from ampnet.exceptions import AmpStateError
+    from ampnet.io.lock import DirectoryLockedError
+
+    target = tmp_path / "params.pt"
+    target.write_bytes(b"old")
+    first = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        lock = _plant_lock(tmp_path, first.pid)
+        pending = tmp_path / f".params.pt.0123456789ab{TEMP_SUFFIX}"  # the first writer's
+        pending.write_bytes(b"half")
+        with pytest.raises(DirectoryLockedError) as info:
+            fitted.save_params(f_params=str(target), f_history=str(tmp_path / "history.json"))
+        assert isinstance(info.value, OSError) and isinstance(info.value, AmpStateError)
+        info.match(re.escape(f"Cannot save into {str(tmp_path)!r}: process {first.pid} on host "))
+        info.match(re.escape(f"is saving there (lock file {lock!r})"))
+        info.match("one writer per directory")
+        assert pending.read_bytes() == b"half" and target.read_bytes() == b"old"
+        assert sorted(os.listdir(tmp_path)) == sorted([".ampnet-lock", pending.name, "params.pt"])
+        with pytest.raises(DirectoryLockedError):
+            fitted.export(str(tmp_path / "m.pt2"), make_data()[0][:4], format="torch.export")
+    finally:
+        first.kill()
+        first.wait()
+    # the writer is gone: its lock is stale, and its temporary file an orphan
+    fitted.save_params(f_params=str(target))
+    assert sorted(os.listdir(tmp_path)) == ["params.pt"]
+
+
+def test_a_lock_from_another_host_is_taken_over_only_when_old(tmp_path, fitted):
+    from ampnet.io.lock import STALE_AFTER_S, DirectoryLockedError
+
+    _plant_lock(tmp_path, 1, host="elsewhere", age=STALE_AFTER_S / 2)
+    with pytest.raises(DirectoryLockedError, match="process 1 on host 'elsewhere'"):
+        fitted.save_params(f_params=str(tmp_path / "p.pt"))
+    _plant_lock(tmp_path, 1, host="elsewhere", age=STALE_AFTER_S + 60)
+    fitted.save_params(f_params=str(tmp_path / "p.pt"))
+    assert sorted(os.listdir(tmp_path)) == ["p.pt"]
+
+
+def _save_repeatedly(dirname, seed, rounds, out):  # runs in a child process
+    import warnings as w
+
+    w.simplefilter("ignore")
+    from ampnet.io.lock import DirectoryLockedError
+
+    torch.manual_seed(seed)
+    net = tiny_net().initialize()
+    outcomes = []
+    for _ in range(rounds):
+        try:
+            net.save_params(**paths(dirname))
+            outcomes.append("saved")
+        except DirectoryLockedError:
+            outcomes.append("locked")
+        except BaseException as exc:  # any other error is a finding
+            outcomes.append(f"{type(exc).__name__}: {exc}")
+    out.put(outcomes)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="forks two writers")
+def test_two_processes_checkpointing_into_one_directory(tmp_path):
+    """Each save either commits or gets DirectoryLockedError; the folder
+    ends as one whole checkpoint without temporary files."""
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    writers = [ctx.Process(target=_save_repeatedly, args=(str(tmp_path), s, 25, out)) for s in (1, 2)]
+    for p in writers:
+        p.start()
+    outcomes = [out.get(timeout=120) for _ in writers]
+    for p in writers:
+        p.join(timeout=60)
+    assert [p.exitcode for p in writers] == [0, 0]
+    flat = [o for per in outcomes for o in per]
+    assert set(flat) <= {"saved", "locked"}, [o for o in flat if o not in ("saved", "locked")][:3]
+    assert len(flat) == 50 and flat.count("saved") >= 1
+    assert not [n for n in os.listdir(tmp_path) if n.endswith(TEMP_SUFFIX) or n.startswith(".ampnet")]
+    net = tiny_net().initialize()
+    net.load_params(**paths(tmp_path))
+
+
+def test_write_errors_give_advice_for_their_cause(tmp_path, fitted, monkeypatch):
+    """A temporary file removed under a writer is not a full disk."""
+    from ampnet.io import atomic
+
+    real = atomic._fsync_file
+
+    def vanish(path):
+        os.remove(path)
+        real(path)
+
+    monkeypatch.setattr(atomic, "_fsync_file", vanish)
+    with pytest.raises(FileNotFoundError) as info:
+        fitted.save_params(f_params=str(tmp_path / "p.pt"))
+    assert "free space" not in str(info.value)
+    info.match("check that the directory exists and that no other program removes files in it")
+
+
+# ---- 18.10 saved 'auto' names, criteria that return no tensor, float64 outputs ----
+
+
+@pytest.mark.parametrize(
+    "choice, problem",
+    [
+        (["*"], r"\['\*'\] is not a module of Tiny"),
+        (["../../etc"], r"\['../../etc'\] is not a module of Tiny"),
+        (["hidden", "nothere"], r"\['nothere'\] is not a module of Tiny"),
+        (["hidden", "hidden"], "it names a module twice"),
+        ("hidden", "expected a list of module names, got str"),
+        ([f"m{i}" for i in range(10**5)], r"\['m0', 'm1', .*'m7'\]\[:8\] \(of 100000\) are not modules"),
+    ],
+)
+def test_saved_auto_choice_must_name_the_modules(tmp_path, saved, choice, problem):
+    """Issue 18: ['*'], ['../../etc'] and unknown names were taken into
+    amp_layout_; a list of 10**5 names was echoed in full in a warning."""
+    from ampnet.precision.auto import METADATA_KEY
+
+    net = tiny_net(amp_fp32_modules="auto").initialize()
+    state = torch.load(saved["f_params"], weights_only=True)
+    state._metadata[""][METADATA_KEY] = choice
+    bad = str(tmp_path / "p.pt")
+    torch.save(state, bad)
+    info = refused_unchanged(
+        net, {"f_params": bad}, re.escape(f"f_params file {bad!r} holds an invalid amp_fp32_modules='auto' choice"),
+        problem,
+    )
+    assert len(str(info.value)) < 1000
+    # loaded directly into the module, the choice is ignored with a short warning
+    with pytest.warns(AmpWarning, match="it was ignored") as record:
+        net.module_.load_state_dict(state)
+    assert len(str(record[0].message)) < 1000
+    from ampnet.precision.auto import find_auto_hooks
+
+    assert find_auto_hooks(net.module_).loaded is None
+
+
+def test_a_long_different_choice_is_reported_briefly(data):
+    from ampnet.precision.auto import METADATA_KEY
+
+    class Deep(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(30)])
+            self.out = torch.nn.Linear(4, 2)
+
+        def forward(self, X):
+            return torch.softmax(self.out(self.layers(X)), dim=-1)
+
+    net = tiny_net(Deep, amp_fp32_modules="auto", max_epochs=1)
+    quietly(net.fit, *data)
+    state = net.module_.state_dict()
+    state._metadata[""][METADATA_KEY] = [f"layers.{i}" for i in range(30)]
+    with pytest.warns(AmpWarning, match=r"keeping \['layers.0', .*'layers.7'\]\[:8\] \(of 30\) in float32") as record:
+        net.module_.load_state_dict(state)
+    assert "layers.8'" not in str(record[0].message)
+
+
+class TupleLoss(torch.nn.NLLLoss):
+    def forward(self, y_pred, y_true):
+        loss = super().forward(torch.log(y_pred), y_true)
+        return loss, {"nll": loss.detach()}
+
+
+class FloatLoss(torch.nn.NLLLoss):
+    def forward(self, y_pred, y_true):
+        return super().forward(torch.log(y_pred), y_true).detach().item()
+
+
+@pytest.mark.parametrize("criterion, what", [(TupleLoss, "a tuple of 2"), (FloatLoss, "a float")])
+@pytest.mark.parametrize("amp", [True, False])
+def test_a_criterion_that_returns_no_tensor_gets_a_clear_type_error(data, criterion, what, amp):
+    """Issue 18: AttributeError: 'tuple' object has no attribute 'backward'."""
+    net = tiny_net(criterion=criterion, **({} if amp else {"amp_enabled": False, "amp_dtype": "auto"}))
+    with pytest.raises(TypeError, match=f"The criterion {criterion.__name__} returned {what} ") as info:
+        quietly(net.fit, *data)
+    info.match("get_loss must return the loss as a floating tensor")
+    info.match("Fix: make the criterion's forward return the loss tensor")
+
+
+class Float64Out(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 2)
+
+    def forward(self, X):
+        return torch.softmax(self.lin(X).double(), dim=-1)
+
+
+@pytest.mark.parametrize("precision", ["float16", "bfloat16"])
+def test_predict_proba_is_float32_with_amp_whatever_the_module_returns(data, precision):
+    """Issue 18: a module returning float64 made predict_proba float64 with
+    AMP on, although the README says float32."""
+    net = tiny_net(Float64Out, precision=precision, max_epochs=1)
+    quietly(net.fit, *data)
+    proba = net.predict_proba(data[0][:8])
+    assert proba.dtype == np.float32
+    assert net.forward(data[0][:8]).dtype == torch.float32
+    assert np.allclose(proba.sum(1), 1.0, atol=1e-3)
+    off = tiny_net(Float64Out, amp_enabled=False, amp_dtype="auto", max_epochs=1)
+    quietly(off.fit, *data)
+    assert off.predict_proba(data[0][:8]).dtype == np.float64  # AMP off: skorch's behaviour

@@ -23,7 +23,10 @@ each directory holds its whole old or whole new files.
 Write errors (a full disk) raise an OSError naming the target file; the
 old files are then unchanged.
 
-Assumes one writer per directory at a time, as a checkpoint has.
+One writer per directory: a save holds the directory's lock file
+(:mod:`ampnet.io.lock`) while it writes, so a second writer gets a
+:class:`~ampnet.io.lock.DirectoryLockedError` and never removes the first
+one's temporary files.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import uuid
 from typing import Any, Callable, Iterable, Mapping
 
 from ampnet.io.kinds import JOURNAL_MAX_BYTES
+from ampnet.io.lock import DirectoryLock, DirectoryLockedError, directory_locks
 from ampnet.io.reading import read_untrusted
 from ampnet.validation import MAX_DEPTH, describe, nesting_depth
 
@@ -100,16 +104,29 @@ def read_json(target: Any, source: str, what: str, max_bytes: int) -> Any:
     return data
 
 
+#: What to do about a write error, by errno.
+_ADVICE = {
+    errno.ENOSPC: "free space or choose another directory",
+    getattr(errno, "EDQUOT", -1): "free space (the disk quota is used up) or choose another directory",
+    errno.EFBIG: "raise the file size limit (ulimit -f) or choose another directory",
+    errno.EACCES: "check the permissions of the directory, or choose another one",
+    errno.EPERM: "check the permissions of the directory, or choose another one",
+    errno.EROFS: "choose a directory on a writable file system",
+    errno.ENOENT: "check that the directory exists and that no other program removes files "
+    "in it while ampnet saves",
+}
+
+
 def _write_error(target: str, exc: OSError) -> OSError:
-    """An OSError that names ``target`` and the cause of ``exc``."""
+    """An OSError that names ``target``, the cause of ``exc`` and what to do."""
     cause = exc.strerror or str(exc) or type(exc).__name__
     if exc.errno == errno.ENOSPC:
         cause = "the disk is full (" + cause + ")"
+    advice = _ADVICE.get(exc.errno, "check the directory and the file system")
     error = OSError(
         exc.errno,
         f"Could not write {target!r}: {cause}. Nothing of this save was committed; "
-        "the previous files are unchanged. Fix: free space or choose another directory, "
-        "then save again",
+        f"the previous files are unchanged. Fix: {advice}, then save again",
         target,
     )
     return error
@@ -339,6 +356,10 @@ def atomic_write_group(writers: Mapping[Any, Writer]) -> None:
     IsADirectoryError
       A target that is an existing directory; nothing is written then.
 
+    DirectoryLockedError
+      Another process is saving into one of the directories (an OSError);
+      nothing is written then.
+
     OSError
       A write that fails (a full disk), naming the target and the cause;
       then no target path is changed and the temporary files are removed.
@@ -365,6 +386,20 @@ def atomic_write_group(writers: Mapping[Any, Writer]) -> None:
     if not paths:
         return
     directories = sorted({os.path.dirname(p) for p in paths})
+    with contextlib.ExitStack() as stack:
+        try:
+            locks = stack.enter_context(directory_locks(directories))
+        except DirectoryLockedError:
+            raise
+        except OSError as exc:  # the directory cannot be written at all
+            target = next(p for p in paths if exc.filename is None
+                          or os.path.dirname(os.fspath(exc.filename)) == os.path.dirname(p))
+            raise _write_error(target, exc) from exc
+        _commit(paths, directories, locks)
+
+
+def _commit(paths: dict[str, Writer], directories: list[str], locks: list[DirectoryLock]) -> None:
+    """Write and commit the group while holding the directories' locks."""
     recover(directories)
     _remove_orphans(paths)
     moves: list[tuple[str, str]] = []
@@ -377,6 +412,8 @@ def atomic_write_group(writers: Mapping[Any, Writer]) -> None:
                 _fsync_file(temp)
             except OSError as exc:
                 raise _write_error(final, exc) from exc
+            for lock in locks:
+                lock.refresh()
     except BaseException:
         for temp, _ in moves:
             _remove_quietly(temp)

@@ -51,6 +51,7 @@ from ampnet.io.files import (
     read_state,
     read_history,
     check_module_state,
+    check_auto_choice,
     resolve_checkpoint,
     checkpoint_files,
     plain,
@@ -471,6 +472,8 @@ class PersistenceMixin:
                 )
                 if isinstance(obj, torch.nn.Module):
                     check_module_state(obj, state, source, attr)
+                    if attr == "module_":
+                        check_auto_choice(obj, state, source)
                     if attr == "module_":
                         choice = plan_saved_choice(self, state, source)
                     extra = ()

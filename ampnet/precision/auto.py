@@ -32,6 +32,8 @@ from ampnet.exceptions import amp_warn
 
 __all__ = [
     "METADATA_KEY",
+    "choice_problem",
+    "shown_names",
     "AutoChoiceHooks",
     "install_auto_hooks",
     "remove_auto_hooks",
@@ -63,17 +65,50 @@ class AutoChoiceHooks:
     def load(self, module, state_dict, prefix, local_metadata, strict, missing_keys,
              unexpected_keys, error_msgs) -> None:
         saved = local_metadata.get(METADATA_KEY) if prefix == "" else None
-        if not (isinstance(saved, (list, tuple)) and all(isinstance(n, str) for n in saved)):
+        if saved is None:
+            return
+        problem = choice_problem(module, saved)
+        if problem:  # load_params refuses such a file before; a direct load_state_dict ignores it
+            amp_warn(
+                f"The loaded parameters hold an amp_fp32_modules='auto' choice that this module "
+                f"cannot take ({problem}); it was ignored.")
             return
         saved = tuple(saved)
         if self.choice is not None and set(saved) != set(self.choice):
             amp_warn(
                 f"The loaded parameters were trained with amp_fp32_modules='auto' keeping "
-                f"{list(saved)} in float32; this net's probe kept {list(self.choice)}. The net "
-                f"keeps its own choice. To use the saved one, pass amp_fp32_modules="
-                f"{list(saved)!r}.")
+                f"{shown_names(saved)} in float32; this net's probe kept {shown_names(self.choice)}. "
+                f"The net keeps its own choice. To use the saved one, pass amp_fp32_modules="
+                f"{shown_names(saved)}.")
             return
         self.loaded = saved
+
+
+#: Names of modules that a message shows at most.
+SHOWN_NAMES = 8
+
+
+def shown_names(names: Any) -> str:
+    """``names`` as a list for a message, at most :data:`SHOWN_NAMES` of them."""
+    names = list(names)
+    if len(names) <= SHOWN_NAMES:
+        return repr(names)
+    return f"{names[:SHOWN_NAMES]!r}[:{SHOWN_NAMES}] (of {len(names)})"
+
+
+def choice_problem(root: torch.nn.Module, saved: Any) -> str | None:
+    """Why a saved ``'auto'`` choice cannot be taken by ``root``: it must be
+    a list of distinct names of ``root``'s modules (as ``named_modules``
+    gives them)."""
+    if not (isinstance(saved, (list, tuple)) and all(isinstance(n, str) for n in saved)):
+        return f"expected a list of module names, got {type(saved).__name__}"
+    names = dict(root.named_modules())
+    unknown = [n for n in saved if n not in names]
+    if unknown:
+        return f"{shown_names(unknown)} {'is not a module' if len(unknown) == 1 else 'are not modules'} of {type(root).__name__}"
+    if len(set(saved)) != len(saved):
+        return "it names a module twice"
+    return None
 
 
 def install_auto_hooks(root: torch.nn.Module, choice: tuple[str, ...] | None) -> None:

@@ -240,7 +240,7 @@ class AutotuneResult:
     Attributes
     ----------
     params : dict
-      The chosen constructor parameters (:data:`CHOICE_KEYS`):
+      The chosen constructor parameters (``CHOICE_KEYS``):
       ``AmpNet(..., **params)`` trains as the ``'auto'`` net does.
 
     table : list of dict

@@ -58,6 +58,10 @@ class StepDecision(NamedTuple):
     scale_before: float
 
 
+#: Output dtypes that convert_output casts to float32 under AMP.
+_TO_FLOAT32 = (torch.float16, torch.bfloat16, torch.float64)
+
+
 def module_root(module: torch.nn.Module) -> torch.nn.Module:
     """The module that precision acts on (inside a ``torch.compile`` wrapper)."""
     return getattr(module, "_orig_mod", module)
@@ -369,8 +373,9 @@ class Precision:
         return x
 
     def convert_output(self, y: Any) -> Any:
-        """Low-precision floating outputs to float32."""
-        return cast_floating(y, torch.float32) if self.enabled else y
+        """Floating outputs to float32 under AMP (low precision, and float64
+        from a module that computes in it)."""
+        return cast_floating(y, torch.float32, only=_TO_FLOAT32) if self.enabled else y
 
     # ---- backward and the step ---------------------------------------------
 
