@@ -538,6 +538,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         d.update(
             precision_=copy.copy(self.precision_), virtual_params_=dict(self.virtual_params_),
             history_=History(), callbacks_=[], verbose=0, parallel_=Parallel(), _trimmed_for_prediction=False,
+            gradient_accumulation_steps=1,  # every probe step is an optimizer step
         )
         probe.adopt_autotune(AutotuneResult(params=dict(params)), carry=False)
         return probe

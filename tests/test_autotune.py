@@ -404,3 +404,12 @@ def test_grid_search_and_pipeline(data):
 def test_result_is_a_plain_record():
     result = AutotuneResult(params=dict(FLOAT32), source="loaded")
     assert str(result) == "amp_enabled='auto' on cpu: chose float32 (AMP off) (a saved choice; no probe ran)"
+
+
+def test_gradient_accumulation_probes_whole_steps(data):
+    net = fit(data, gradient_accumulation_steps=4, amp_autotune__timer=Timer())
+    assert [r["healthy"] for r in net.amp_autotune_.table] == [True, True, True]
+    assert net.amp_autotune_.params == BF16_MIXED
+    assert net.gradient_accumulation_steps == 4
+    # the net itself accumulates: 4 micro-batches of 16 rows per step, one step per epoch
+    assert {float(st["step"]) for st in net.optimizer_.state.values()} == {2.0}
