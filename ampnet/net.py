@@ -291,10 +291,11 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
             autotune_settings({**self.get_params_for("amp_autotune"),
                                **{k.split("__", 1)[1]: v for k, v in own.items() if k.startswith("amp_autotune__")}})
         new_optimizer = any(k.split("__")[0] in self._optimizers for k in kwargs)
-        if not (getattr(self, "_trimmed_for_prediction", False) or new_optimizer):
-            Precision(settings, self.precision_.scaler).check_optimizers(
-                [(n, getattr(self, n + "_")) for n in self._optimizers]
-            )
+        # the one Precision of this call; _apply_precision gives it its scaler
+        new = Precision(settings, self.precision_.scaler)
+        checked = not (getattr(self, "_trimmed_for_prediction", False) or new_optimizer)
+        if checked:
+            new.check_optimizers([(n, getattr(self, n + "_")) for n in self._optimizers])
         # read at the next fit: skorch re-initializes nothing for them (and
         # refuses them on an initialized net)
         stored = {k: v for k, v in others.items() if k.startswith(STORED_PREFIXES)}
@@ -313,7 +314,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
             self.__dict__.update(own)
             if AUTOTUNE_INPUTS.intersection(kwargs):
                 self.__dict__.pop("amp_autotune_", None)  # the next fit probes again
-            self._apply_precision(settings, sorted(kwargs))
+            self._apply_precision(new, sorted(kwargs), checked)
         return self
 
     def _optimizer_settings(self, changed: dict[str, Any]) -> dict[str, Any]:
@@ -340,10 +341,13 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
                 args, kwargs = self.get_params_for_optimizer(name, self.get_all_learnable_params())
                 factory(*args, **kwargs)
 
-    def _apply_precision(self, settings: Any, changed: list[str]) -> None:
-        """Bring ``precision_`` in line with ``settings`` after ``changed``
-        parameters were set on an initialized net."""
-        prec = self.precision_
+    def _apply_precision(self, new: Precision, changed: list[str], checked: bool = False) -> None:
+        """Make ``new`` (built by ``set_params`` from the checked settings)
+        the net's ``precision_`` after ``changed`` parameters were set on an
+        initialized net: give it its scaler (the live one, changed in place,
+        or a new one) and the module's layout. Values are not checked again;
+        the optimizers are, unless ``checked``."""
+        prec, settings = self.precision_, new.settings
         scaler_kw = {k.split("__", 1)[1] for k in changed if k.startswith("grad_scaler__")}
         rebuild_scaler = bool(SCALER_PARAMS.intersection(changed)) or not scaler_kw <= set(LIVE_SETTINGS)
         relayout = bool(LAYOUT_PARAMS.intersection(changed))
@@ -356,7 +360,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         elif scaler_kw:
             live = {k: settings.scaler_kwargs[k] for k in scaler_kw}
             if isinstance(scaler, GradScaler):
-                scaler.set_settings(**live)
+                scaler.apply_settings(**live)  # read_settings has checked the values
             else:  # torch's own scaler: its setters, or a new one
                 for name, value in live.items():
                     setter = getattr(scaler, f"set_{name}", None)
@@ -364,8 +368,8 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
                         scaler = build_scaler(settings)
                         break
                     setter(value)
-        new = Precision.build(settings, scaler)
-        if not getattr(self, "_trimmed_for_prediction", False):  # refuse before the module changes
+        new.scaler = scaler
+        if not (checked or getattr(self, "_trimmed_for_prediction", False)):  # refuse before the module changes
             new.check_optimizers([(n, getattr(self, n + "_")) for n in self._optimizers])
         if relayout and isinstance(self.__dict__.get("module_"), torch.nn.Module):
             self.relayout_precision(prec, new, [k for k in changed if k in LAYOUT_PARAMS])

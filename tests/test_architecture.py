@@ -297,3 +297,39 @@ def test_host_reads_are_counted_in_one_place():
     assert counter.count == 2
     assert torch.Tensor.item is not None and "counted" not in torch.Tensor.item.__name__
     assert set(HOST_READS) >= {"item", "tolist", "cpu", "numpy"}
+
+
+def test_set_params_of_a_live_scaler_setting_checks_once_and_builds_one_precision(monkeypatch, classifier_data):
+    from ampnet.precision import component, scaler, settings
+
+    X, y = classifier_data
+    net = AmpNetClassifier(MLP, amp_enabled=True, amp_dtype="float16", max_epochs=1, batch_size=64,
+                           train_split=None, verbose=0).fit(X[:128], y[:128])
+    live = net.grad_scaler_
+    builds, checks = [], []
+    init = component.Precision.__init__
+
+    def counting_init(self, *args, **kwargs):
+        builds.append(1)
+        init(self, *args, **kwargs)
+
+    def counting_check(original):
+        def check(*args, **kwargs):
+            checks.append(kwargs)
+            return original(*args, **kwargs)
+        return check
+
+    monkeypatch.setattr(component.Precision, "__init__", counting_init)
+    monkeypatch.setattr(settings, "validate_scaler_settings", counting_check(settings.validate_scaler_settings))
+    monkeypatch.setattr(scaler, "validate_scaler_settings", counting_check(scaler.validate_scaler_settings))
+    net.set_params(grad_scaler__growth_factor=4)
+    assert len(builds) == 1
+    assert len(checks) == 1 and checks[0]["growth_factor"] == 4
+    # the live scaler changed in place, and the new component holds it
+    assert net.grad_scaler_ is live and live.get_settings()["growth_factor"] == 4.0
+    assert net.precision_.settings.scaler_kwargs == {"growth_factor": 4}
+    assert net.get_params()["grad_scaler__growth_factor"] == 4
+    # a bad value is still refused, naming the parameter, and changes nothing
+    with pytest.raises(ValueError, match="growth_factor"):
+        net.set_params(grad_scaler__growth_factor=0.5)
+    assert live.get_settings()["growth_factor"] == 4.0 and net.get_params()["grad_scaler__growth_factor"] == 4
