@@ -234,15 +234,19 @@ def test_exported_files_run_without_ampnet_or_skorch_and_onnx_without_torch(trai
     (AmpNetClassifier, torch.nn.NLLLoss, 3, "identity"),      # the module's own output
     (AmpNet, torch.nn.CrossEntropyLoss, 3, "softmax"),
 ])
-def test_output_is_what_predict_proba_returns(cls, criterion, n_out, check, tmp_path):
+def test_output_is_what_predict_proba_returns(cls, criterion, n_out, check, tmp_path, device_dtype):
     torch.manual_seed(0)
     kwargs = {"criterion": criterion} if criterion else {}
     net = cls(torch.nn.Linear, module__in_features=5, module__out_features=n_out, verbose=0,
-              amp_enabled=True, amp_dtype="bfloat16", **kwargs).initialize()
+              **device_dtype.net_kwargs, **kwargs).initialize()
     X = np.random.RandomState(0).randn(9, 5).astype(np.float32)
     expected = copy.deepcopy(net).set_params(amp_enabled=False).predict_proba(X)
+    # the net itself predicts in its dtype: float32 values near the float32 computation
+    proba = net.predict_proba(X)
+    assert proba.dtype == np.float32
+    np.testing.assert_allclose(proba, expected, atol=device_dtype.atol)
     with torch.no_grad():
-        logits = net.module_(torch.from_numpy(X))
+        logits = net.module_(torch.from_numpy(X).to(net.device)).cpu()
     if check == "binary":
         assert expected.shape == (9, 2)
         np.testing.assert_allclose(expected[:, 1], torch.sigmoid(logits[:, 0]).numpy(), atol=1e-6)
@@ -250,8 +254,12 @@ def test_output_is_what_predict_proba_returns(cls, criterion, n_out, check, tmp_
         np.testing.assert_allclose(expected, torch.softmax(logits, -1).numpy(), atol=1e-6)
     else:
         np.testing.assert_allclose(expected, logits.numpy(), atol=1e-6)
+    # the file is exported from the float32 weights and computes in float32, whatever the net's
+    # precision, on the CPU whatever the net's device
     module = torch.export.load(net.export(tmp_path / "m.pt2", X[:2], format="torch.export")).module()
-    np.testing.assert_allclose(module(torch.from_numpy(X)).numpy(), expected, atol=1e-6)
+    out = module(torch.from_numpy(X))
+    assert out.dtype == torch.float32 and out.device.type == "cpu"
+    np.testing.assert_allclose(out.numpy(), expected, atol=1e-6)
 
 
 @pytest.mark.parametrize("params, low", [
