@@ -50,6 +50,16 @@ def mlp():
     return MLP
 
 
+def small_classifier(**kwargs):
+    """An ``AmpNetClassifier`` over :class:`MLP` for one quiet epoch of batches of 16, without a
+    validation split (``kwargs`` override)."""
+    from ampnet import AmpNetClassifier
+
+    params = dict(module=MLP, max_epochs=1, lr=0.05, batch_size=16, train_split=None, verbose=0)
+    params.update(kwargs)
+    return AmpNetClassifier(**params)
+
+
 def params_equal(net_a, net_b):
     """Whether two nets' module parameters are bitwise equal."""
     pa = dict(net_a.module_.named_parameters())

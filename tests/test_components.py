@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from ampnet import AmpNetClassifier, AmpWarning
+from conftest import small_classifier
 
 LOW = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -194,3 +195,16 @@ def test_failed_reinitialize_leaves_initialized_false(images):
     with pytest.raises(TypeError, match="'str' object is not callable"):
         net.initialize()
     assert net.initialized_ is False
+
+
+def test_refused_set_params_undoes_live_scaler_and_optimizer_changes(classifier_data):
+    X, y = classifier_data
+    net = small_classifier(optimizer=torch.optim.LBFGS, amp_enabled=True, amp_dtype="bfloat16", amp_level="pure",
+               grad_scaler__growth_factor=2.0).fit(X[:32], y[:32])
+    scaler, lr = net.grad_scaler_, net.optimizer_.param_groups[0]["lr"]
+    params = net.get_params(deep=False)
+    with pytest.raises(ValueError, match="compensated"):
+        net.set_params(grad_scaler__growth_factor=4.0, lr=0.5, amp_master_weights="compensated")
+    assert net.grad_scaler_ is scaler and scaler.get_settings()["growth_factor"] == 2.0
+    assert net.optimizer_.param_groups[0]["lr"] == lr
+    assert net.get_params(deep=False) == params

@@ -13,6 +13,7 @@ import torch
 import ampnet
 from ampnet import AmpNetClassifier
 from ampnet.precision.devices import check_device
+from conftest import small_classifier
 
 
 class Tiny(torch.nn.Module):
@@ -136,3 +137,12 @@ def test_cpu_made_grad_scaler_moves_to_a_cuda_net():
     net.fit(*data())
     assert net.grad_scaler_._scale.device.type == "cuda"
     assert net.history[0, "batches", 0, "loss_scale"] == 256.0
+
+
+def test_set_params_refuses_an_unavailable_device_before_anything_changes(classifier_data):
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without CUDA")
+    net = small_classifier().fit(*classifier_data)
+    with pytest.raises(ValueError, match=r"device='cuda', but CUDA is not available"):
+        net.set_params(device="cuda")
+    assert net.device == "cpu"

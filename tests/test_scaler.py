@@ -13,6 +13,7 @@ import torch
 
 from ampnet import GradScaler
 from ampnet.precision.scaler import validate_scaler_state
+from conftest import small_classifier
 
 
 def make_step(scaler, overflow, param=None, opt=None, device="cpu", dtype=torch.float32):
@@ -278,3 +279,12 @@ def test_pickle_and_deepcopy_mid_step(copier):
     scaler.step(opt)
     scaler.update()  # the original's step is intact
     assert math.isfinite(scaler.get_scale())
+
+
+def test_changing_amp_level_keeps_the_loss_scale(classifier_data):
+    X, y = classifier_data
+    net = small_classifier(amp_enabled=True, amp_dtype="float16", grad_scaler__init_scale=256.0, grad_scaler__growth_interval=1).fit(X[:32], y[:32])
+    scale = net.grad_scaler_.get_scale()
+    assert scale != 256.0
+    net.set_params(amp_level="pure")
+    assert net.grad_scaler_.get_scale() == scale

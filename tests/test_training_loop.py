@@ -12,7 +12,7 @@ from torch.optim.lr_scheduler import ReduceLROnPlateau, StepLR
 
 from ampnet import AmpDivergenceError, AmpNetClassifier, AmpWarning, GradScaler
 from ampnet.callbacks import AmpMonitor
-from conftest import MLP
+from conftest import MLP, small_classifier
 
 
 def fit_quiet(net, X, y):
@@ -401,3 +401,15 @@ def test_fused_adam_with_scaling_and_clipping_matches_unfused(classifier_data):
     assert [b["step_skipped"] for b in fused.history[-1, "batches"]][2] is True
     for a, b in zip(plain.module_.parameters(), fused.module_.parameters()):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+def test_bad_data_in_an_earlier_micro_batch_is_bad_data_not_an_overflow(classifier_data):
+    X, y = classifier_data[0][:32].copy(), classifier_data[1][:32]
+    X[0, 0] = np.nan  # first micro-batch of the first group
+    net = small_classifier(amp_enabled=True, amp_dtype="float16", gradient_accumulation_steps=2, batch_size=8, grad_scaler__init_scale=256.0,
+               iterator_train__shuffle=False)
+    with pytest.warns(AmpWarning, match="holds NaN or inf in its input"):
+        net.fit(X, y)
+    first = net.history[0, "batches"][1]
+    assert first["step_skipped"] and first.get("nonfinite_input")
+    assert first["loss_scale"] == 256.0  # kept, not backed off
