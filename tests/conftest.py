@@ -8,6 +8,18 @@ import torch
 torch.set_num_threads(1)
 
 
+def pytest_collection_modifyitems(config, items):
+    """Deselect the tests marked ``gpu`` unless ``-m`` names the mark (``-m gpu``,
+    ``-m "gpu and not slow"``, ``-m "not gpu"``): ``python -m pytest -m "not slow"`` still
+    leaves them out, as ``python -m pytest`` does."""
+    if "gpu" in (config.getoption("markexpr") or ""):
+        return
+    gpu = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if gpu:
+        config.hook.pytest_deselected(items=gpu)
+        items[:] = [item for item in items if item.get_closest_marker("gpu") is None]
+
+
 class MLP(torch.nn.Module):
     """A small classifier that returns probabilities (skorch's default NLLLoss)."""
 

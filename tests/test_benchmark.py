@@ -89,6 +89,7 @@ def _check_results(results, workloads, rounds):
             assert comp["target"] is None and comp["met"] is None
 
 
+@pytest.mark.slow
 def test_quick_benchmark_writes_report(tmp_path, capsys):
     out = tmp_path / "bench"
     rc = cli.main([
@@ -228,6 +229,7 @@ def test_report_shows_load_warning():
     assert to_markdown(results).splitlines()[:3] == md_head
 
 
+@pytest.mark.slow
 def test_failing_contender_is_reported_not_fatal(monkeypatch):
     real = runner.run_contender
 
@@ -314,6 +316,7 @@ def test_aa_control_and_fastest_peer():
     assert runner.aa_control(_records({"raw-amp": [1.0]}), 1) is None
 
 
+@pytest.mark.slow
 def test_process_isolation_runs_each_round_in_a_fresh_process(monkeypatch):
     calls = []
     real = runner.run_in_subprocess
@@ -338,6 +341,7 @@ def test_process_isolation_runs_each_round_in_a_fresh_process(monkeypatch):
     assert "fresh Python process" in " ".join(w["notes"])
 
 
+@pytest.mark.slow
 def test_worker_error_is_reported_not_fatal():
     # a failure injected deterministically, on every torch release and machine: ampnet refuses
     # float16 compensated pure training with Adam (float16 optimizer state) at initialize(),
@@ -378,6 +382,7 @@ def test_peers_without_the_bench_extra_are_reported_not_fatal(monkeypatch):
         assert contenders[key]["error"] == f"ModuleNotFoundError: No module named '{module}'"
 
 
+@pytest.mark.slow
 def test_benchmark_is_not_part_of_the_core_package():
     code = ("import sys, ampnet; from ampnet import AmpNetClassifier; "
             "print(sorted(m for m in sys.modules if m.startswith(('ampnet_bench', 'ampnet.benchmark'))))")

@@ -143,6 +143,7 @@ def _final_loss(**kw):
     return net.fit(data.X.numpy(), data.y.numpy()).history[-1, "train_loss"]
 
 
+@pytest.mark.slow
 def test_final_loss_within_2_percent_of_float32_where_plain_pure_is_not():
     fp32 = _final_loss()
     comp = _final_loss(**COMP)

@@ -119,6 +119,7 @@ def fitted_bf16(images):
         return make(amp_enabled=True, amp_dtype="bfloat16").fit(*images)
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(changes=st.dictionaries(st.sampled_from(sorted(CHOICES)), st.just(None), min_size=1, max_size=4)
        .flatmap(lambda keys: st.fixed_dictionaries({k: st.sampled_from(CHOICES[k]) for k in keys})))

@@ -83,6 +83,7 @@ def test_available_devices_pass(device):
     check_device(device)
 
 
+@pytest.mark.slow
 @no_cuda
 @pytest.mark.parametrize("device", ["cuda", "mps"])
 def test_demo_reports_a_missing_device_without_a_traceback(device):

@@ -98,6 +98,7 @@ def _state(net):
 # ---- ONNX -----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_onnx_float32_matches_predict_proba(trained, digits, ort, tmp_path):
     net, reference = trained
     X, _ = digits
@@ -116,6 +117,7 @@ def test_onnx_float32_matches_predict_proba(trained, digits, ort, tmp_path):
     assert all(p.requires_grad for p in net.module_.parameters())  # export works on a copy
 
 
+@pytest.mark.slow
 def test_onnx_float16_within_1e_2_and_same_classes(trained, digits, ort, tmp_path):
     import onnx
 
@@ -143,6 +145,7 @@ def test_onnx_bfloat16_is_refused_with_the_reason(trained, digits, tmp_path):
     assert not os.listdir(tmp_path)
 
 
+@pytest.mark.slow
 def test_onnx_operator_without_translation(digits, ort, tmp_path):
     net = AmpNetClassifier(Unsupported, verbose=0).initialize()
     with pytest.raises(ValueError, match=r"torch.onnx could not translate Unsupported to ONNX "
@@ -197,6 +200,7 @@ def test_batch_size_is_dynamic_from_a_one_row_example(trained, digits, tmp_path)
         np.testing.assert_allclose(module(torch.from_numpy(X[:n])).numpy(), reference[:n], atol=1e-5)
 
 
+@pytest.mark.slow
 def test_exported_files_run_without_ampnet_or_skorch_and_onnx_without_torch(trained, digits, ort, tmp_path):
     net, reference = trained
     X, _ = digits

@@ -71,6 +71,7 @@ def run_notebook(name, tmp_path):
     return stream_text(nb)
 
 
+@pytest.mark.slow
 def test_quickstart(tmp_path):
     nb = run_with_nbconvert("01_quickstart.ipynb", tmp_path)
     text = stream_text(nb)
@@ -91,6 +92,7 @@ def test_quickstart(tmp_path):
     assert shown and all(w >= 600 and h >= 300 for w, h in shown), shown
 
 
+@pytest.mark.slow
 def test_precision_control(tmp_path):
     text = run_notebook("02_precision_control.ipynb", tmp_path)
     assert "Recommended amp_fp32_modules: ['big']" in text

@@ -254,6 +254,7 @@ def fp32_digits(digits):
     return {m: fit_digits(m, digits) for m in (DigitsMLP, DigitsCNN)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("module", [DigitsMLP, DigitsCNN], ids=["mlp", "cnn"])
 @pytest.mark.parametrize("level", ["mixed", "pure"])
 def test_digits_accuracy_within_one_point_of_fp32(module, level, digits, fp32_digits):
