@@ -4,7 +4,10 @@ run did, amp_enabled='auto''s table and choice, and whether AMP pays off."""
 import subprocess
 import sys
 
+import pytest
 
+
+@pytest.mark.slow
 def test_demo_prints_progress_and_table(tmp_path):
     err_file = open(tmp_path / "stderr.txt", "w+")
     proc = subprocess.Popen(
