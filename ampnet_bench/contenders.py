@@ -433,7 +433,7 @@ def _no_print(*args: Any, **kwargs: Any) -> None:
 
 
 def _state_bytes(module: nn.Module, optimizers: list[torch.optim.Optimizer]) -> dict[str, Any]:
-    from ampnet.precision.memory import measure_memory
+    from ampnet.precision import measure_memory
 
     return measure_memory(module, None, optimizers, "as stored").to_dict()
 

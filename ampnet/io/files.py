@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import pickle
 from collections.abc import Mapping
@@ -111,33 +112,57 @@ def _read_state(target: Any, source: str, safetensors: bool, map_location: Any,
         ) from exc
 
 
+#: Counters of a history beyond this are not reached by any run.
+_COUNT_MAX = 2**53
+
+#: Epochs are numbered in int32 range (checkpoint names format them).
+_EPOCH_MAX = 2**31 - 1
+
+
+def _history_value_problem(key: str, value: Any) -> str | None:
+    """What is wrong with one entry of an epoch or batch row, by its key."""
+    if key.endswith(("_batch_count", "_batch_size")) or key in ("skipped_steps", "batch_size"):
+        if not (is_int(value) and 0 <= value <= _COUNT_MAX):
+            return f"{key!r} must be an int in [0, 2**53], got {describe(value)}"
+    elif key.endswith("_best") or key == "step_skipped":
+        if not isinstance(value, bool):
+            return f"{key!r} must be true or false, got {describe(value)}"
+    elif key == "dur":
+        if not (is_number(value) and math.isfinite(value) and value >= 0):
+            return f"{key!r} must be a finite number >= 0 (seconds), got {describe(value)}"
+    elif key == "loss_scale":
+        if not (is_number(value) and math.isfinite(value) and value > 0):
+            return f"{key!r} must be a finite number > 0, got {describe(value)}"
+    return None
+
+
 def _history_row_problem(row: dict, previous: int) -> str | None:
     """What in one epoch row skorch or ampnet could not use later."""
     epoch = row.get("epoch", previous + 1)
-    if not (is_int(epoch) and epoch > previous):
+    if not (is_int(epoch) and previous < epoch <= _EPOCH_MAX):
         return (
             f"'epoch' must be an int greater than the previous row's ({previous}), got "
-            f"{describe(epoch)}"
+            f"{describe(epoch)} (epochs are numbered up to 2**31 - 1)"
         )
     batches = row.get("batches", [])
     if not (isinstance(batches, list) and all(isinstance(b, dict) for b in batches)):
         return f"'batches' must be a list of dicts, got {describe(batches)}"
     for place, entries in [("", row)] + [(f"batch {j}: ", b) for j, b in enumerate(batches)]:
         for key, value in entries.items():
-            if key.endswith("_batch_count") and not (is_int(value) and value >= 0):
-                return f"{place}{key!r} must be an int >= 0, got {describe(value)}"
-            if key.endswith("_best") and not isinstance(value, bool):
-                return f"{place}{key!r} must be true or false, got {describe(value)}"
-            if key in ("dur", "batch_size") and not is_number(value):
-                return f"{place}{key!r} must be a number, got {describe(value)}"
+            problem = _history_value_problem(key, value)
+            if problem:
+                return place + problem
     return None
 
 
 def read_history(target: Any, source: str) -> list:
     """Read a history file and check it against skorch's layout: a list of
-    epoch rows, where present an increasing int ``epoch``, ``batches`` (a
-    list of dicts), int ``*_batch_count``, boolean ``*_best`` flags and
-    numeric ``dur``/``batch_size``."""
+    epoch rows, where present an increasing int ``epoch`` (at most
+    2**31 - 1), ``batches`` (a list of dicts), ``*_batch_count``,
+    ``*_batch_size`` and ``skipped_steps`` ints in [0, 2**53], boolean
+    ``*_best`` and ``step_skipped`` flags, ``dur`` finite and >= 0 and
+    ``loss_scale`` finite and > 0. Other entries (losses, scores) may hold
+    any JSON value."""
     rows = read_json(target, source, "a JSON history", max_bytes("f_history"))
     if not (isinstance(rows, list) and all(isinstance(row, dict) for row in rows)):
         raise ValueError(
@@ -221,8 +246,7 @@ def check_auto_choice(module: torch.nn.Module, state: Any, source: str) -> None:
     ValueError
       Naming ``source`` and the field.
     """
-    from ampnet.precision.auto import METADATA_KEY, choice_problem
-    from ampnet.precision.component import module_root
+    from ampnet.precision import AUTO_METADATA_KEY as METADATA_KEY, choice_problem, module_root
 
     metadata = getattr(state, "_metadata", None)
     root = metadata.get("") if isinstance(metadata, Mapping) else None

@@ -507,7 +507,7 @@ def _measure(net: Any, params: dict[str, Any], batch: Any, settings: dict[str, A
     seconds, finite, reason if not, the gradient capture). Timing stops
     early once the median exceeds ``limit`` seconds."""
     try:
-        probe = net._autotune_copy(params)
+        probe = net.autotune_copy(params)
     except (ValueError, TypeError) as exc:  # settings this net cannot train with
         raise _Refused(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
     capture = _GradCapture()
@@ -662,7 +662,7 @@ def plan_saved_choice(net: Any, state: Any, source: str) -> Any:
             f"chose {label(own.params)} and keeps its own choice. To train with the saved one, "
             f"pass {saved!r} to the constructor."))
     try:
-        settings = read_settings({**net._precision_params(), **saved})
+        settings = read_settings({**net.precision_params(), **saved})
         Precision(settings, net.precision_.scaler).check_optimizers(
             [(n, o) for n in net._optimizers if isinstance(o := net.__dict__.get(n + "_"), torch.optim.Optimizer)])
     except (ValueError, TypeError) as exc:
@@ -671,7 +671,7 @@ def plan_saved_choice(net: Any, state: Any, source: str) -> Any:
             f"cannot use ({exc}); it measures its own at its next fit."))
 
     def adopt() -> None:
-        net._adopt_autotune(AutotuneResult(params=saved, device=str(net.device), source="loaded"))
+        net.adopt_autotune(AutotuneResult(params=saved, device=str(net.device), source="loaded"))
 
     def snapshot() -> Callable[[], None]:
         saved_dict = dict(net.__dict__)
