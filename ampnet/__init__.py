@@ -6,8 +6,8 @@
 
 from ampnet.exceptions import AmpDivergenceError, AmpStateError, AmpWarning
 from ampnet.net import AmpNet, AmpNetBinaryClassifier, AmpNetClassifier, AmpNetMixin, AmpNetRegressor
-from ampnet.precision.policy import PrecisionPolicy, resolve_precision
-from ampnet.precision.scaler import GradScaler
+from ampnet.precision import PrecisionPolicy, resolve_precision
+from ampnet.precision import GradScaler
 from ampnet.plotting import plot_precision
 
 #: The package version; pyproject.toml reads it from here.

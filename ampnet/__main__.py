@@ -19,7 +19,7 @@ from sklearn.preprocessing import StandardScaler
 
 from ampnet import AmpNetClassifier
 from ampnet.exceptions import AmpWarning
-from ampnet.precision.policy import cpu_has_native_bf16
+from ampnet.precision import cpu_has_native_bf16
 
 
 class DigitsMLP(torch.nn.Module):

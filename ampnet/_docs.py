@@ -16,14 +16,14 @@ AMP_DOC = """
       trains bitwise the same); other AMP settings narrow the candidates;
       the probe's cost and settings (``amp_autotune__steps``, ``__warmup``,
       ``__margin``, ``__min_cosine``, ``__timer``) are in
-      :mod:`ampnet.precision.autotune`. With False the net
+      ``ampnet.precision.autotune``. With False the net
       trains as the skorch net it replaces, bitwise, except that a step
       with non-finite gradients is skipped (see ``amp_skip_nonfinite``).
       With AMP on, a ``torch.optim`` optimizer whose kernel is not set
       (``optimizer__fused``/``optimizer__foreach``) uses its fused kernel
       where torch has one that works for the device and parameter dtype
       (Adam, AdamW, SGD, Adagrad), else foreach
-      (:mod:`ampnet.precision.kernels`).
+      (``ampnet.precision.kernels``).
 
     amp_dtype : str or torch.dtype (default='auto')
       The low-precision dtype: ``'float16'`` (``'fp16'``, ``'half'``),

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ampnet.precision.policy import parse_amp_dtype
+from ampnet.precision import parse_amp_dtype
 
 if TYPE_CHECKING:
-    from ampnet.precision.memory import MemoryReport
+    from ampnet.precision import MemoryReport
 
 __all__ = ["ConversionMixin"]
 
@@ -116,7 +116,7 @@ class ConversionMixin:
           dicts, ``report.recommended_fp32_modules`` the modules it suggests
           for ``amp_fp32_modules``.
         """
-        from ampnet.precision.report import build_report
+        from ampnet.precision import build_report
 
         if not self.initialized_:
             self.initialize()

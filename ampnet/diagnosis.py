@@ -39,7 +39,7 @@ from skorch.dataset import unpack_data
 
 from ampnet._tree import has_nonfinite, iter_tensors
 from ampnet.exceptions import amp_warn
-from ampnet.precision.component import module_root
+from ampnet.precision import module_root
 
 __all__ = ["first_nonfinite"]
 

@@ -38,10 +38,11 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from ampnet.dtypes import LOW_PRECISION_DTYPES
+
 __all__ = ["adapt_recording_hooks", "ActivationHook", "GradientHook", "GradientOrder",
            "float32_gradient_order"]
 
-_LOW = (torch.float16, torch.bfloat16)
 
 
 def _doctor_functions() -> tuple[Callable | None, Callable | None]:
@@ -56,7 +57,7 @@ def _as_float32(obj: Any) -> Any:
     """Detached float32 copies of the low-precision tensors in ``obj``
     (walking tuples, lists and dicts as ``to_numpy`` does)."""
     if isinstance(obj, torch.Tensor):
-        return obj.detach().float() if obj.dtype in _LOW else obj
+        return obj.detach().float() if obj.dtype in LOW_PRECISION_DTYPES else obj
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):
         return type(obj)(*(_as_float32(o) for o in obj))
     if isinstance(obj, (tuple, list)):

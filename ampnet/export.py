@@ -45,12 +45,13 @@ from skorch.classifier import NeuralNetBinaryClassifier
 from ampnet.io.atomic import atomic_write_group
 from ampnet.exceptions import AmpWarning, amp_warn
 from ampnet._tree import cast_floating
-from ampnet.precision.auto import remove_auto_hooks
-from ampnet.precision.component import Precision, module_root
-from ampnet.precision.masters import remove_state_hooks
-from ampnet.precision.policy import DTYPE_ALIASES, dtype_name
-from ampnet.precision.regions import remove_regions
-from ampnet.precision.settings import read_settings
+from ampnet.dtypes import LOW_PRECISION_DTYPES
+from ampnet.precision import remove_auto_hooks
+from ampnet.precision import Precision, module_root
+from ampnet.precision import remove_state_hooks
+from ampnet.precision import DTYPE_ALIASES, dtype_name
+from ampnet.precision import remove_regions
+from ampnet.precision import read_settings
 
 __all__ = ["export_net", "EXPORT_FORMATS", "PredictProbaModule"]
 
@@ -60,7 +61,7 @@ EXPORT_FORMATS = ("onnx", "torch.export")
 #: Names of the input and output of an exported ONNX model.
 ONNX_INPUT_NAME, ONNX_OUTPUT_NAME = "input", "output"
 
-_FLOATING = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_FLOATING = (*LOW_PRECISION_DTYPES, torch.float32, torch.float64)
 
 _DTYPES_TEXT = "None (float32), 'float16' (or 'fp16', 'half'), 'bfloat16' (or 'bf16')"
 
@@ -128,7 +129,7 @@ def _parse_dtype(dtype: Any) -> torch.dtype | None:
     name = dtype.strip().lower() if isinstance(dtype, str) else None
     if dtype is None or dtype is torch.float32 or name in ("float32", "fp32"):
         return None
-    if isinstance(dtype, torch.dtype) and dtype in (torch.float16, torch.bfloat16):
+    if isinstance(dtype, torch.dtype) and dtype in LOW_PRECISION_DTYPES:
         return dtype
     if name in DTYPE_ALIASES:
         return DTYPE_ALIASES[name]

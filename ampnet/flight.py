@@ -39,7 +39,7 @@ from typing import Any, Sequence
 import torch
 
 from ampnet.diagnosis import first_nonfinite
-from ampnet.precision import compensated as comp
+from ampnet.precision import compensation_of
 
 __all__ = ["FlightRecorder", "SAMPLE_PER_TENSOR", "global_grad_norm", "nonfinite_loss_message"]
 
@@ -118,7 +118,7 @@ class FlightRecorder:
         for (_, optimizer, params), skip in zip(active, skipped):
             if skip:
                 continue
-            comps = comp.compensation_of([optimizer])
+            comps = compensation_of([optimizer])
             for p in params:
                 nonzero = _sample(p.grad) != 0
                 self._before.append((p, nonzero, self._value(p, comps).clone()))
@@ -132,7 +132,7 @@ class FlightRecorder:
         self._norm = None
         if not self._before:
             return
-        comps = comp.compensation_of([opt for (_, opt, _), skip in zip(active, skipped) if not skip])
+        comps = compensation_of([opt for (_, opt, _), skip in zip(active, skipped) if not skip])
         counts = []
         for p, nonzero, before in self._before:
             lost = (self._value(p, comps) == before) & nonzero

@@ -38,20 +38,20 @@ from ampnet.output_checks import check_loss_inputs
 from ampnet.conversion import ConversionMixin
 from ampnet.io.persistence import PersistenceMixin
 from ampnet.parallel import Parallel, build_parallel
-from ampnet.precision.auto import resolve_auto_fp32
-from ampnet.precision.autotune import (
+from ampnet.precision import resolve_auto_fp32
+from ampnet.precision import (
     AutotuneResult, autotune_settings, effective_params, is_auto, read_saved_choice, run_probe,
 )
-from ampnet.precision.component import Precision, build_scaler
-from ampnet.precision.compensated import KEY as COMPENSATION_KEY, compensation_of
-from ampnet.precision.devices import check_device
-from ampnet.precision.inputs import autocast_dtype_error
-from ampnet.precision.kernels import kernel_defaults, keep_kernels
-from ampnet.precision.no_effect import warn_ineffective_settings
-from ampnet.precision.plan import PrecisionLayout
-from ampnet.precision.policy import PrecisionPolicy
-from ampnet.precision.scaler import LIVE_SETTINGS, GradScaler
-from ampnet.precision.settings import PRECISION_PARAMS, read_settings
+from ampnet.precision import Precision, build_scaler
+from ampnet.precision import COMPENSATION_KEY, compensation_of
+from ampnet.precision import check_device
+from ampnet.precision import autocast_dtype_error
+from ampnet.precision import kernel_defaults, keep_kernels
+from ampnet.precision import warn_ineffective_settings
+from ampnet.precision import PrecisionLayout
+from ampnet.precision import PrecisionPolicy
+from ampnet.precision import LIVE_SETTINGS, GradScaler
+from ampnet.precision import PRECISION_PARAMS, read_settings
 
 __all__ = ["AmpNetMixin", "AmpNet", "AmpNetClassifier", "AmpNetRegressor", "AmpNetBinaryClassifier"]
 
@@ -149,10 +149,14 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
 
     # ---- initialization -------------------------------------------------
 
-    def _precision_params(self, **changes: Any) -> dict[str, Any]:
+    def precision_params(self, **changes: Any) -> dict[str, Any]:
         """The precision parameters the net trains with, after ``changes``:
         ``amp_enabled='auto'`` stands for its choice (float32 before it, or
-        when ``changes`` drop it; see :mod:`ampnet.precision.autotune`)."""
+        when ``changes`` drop it; see :mod:`ampnet.precision.autotune`).
+
+        Part of the protocol that :mod:`ampnet.precision` calls on the net
+        (it calls no private method of the net); not a user API.
+        """
         params = {name: getattr(self, name) for name in PRECISION_PARAMS + steps.STEP_PARAMS}
         params.update({"grad_scaler__" + k: v for k, v in self.get_params_for("grad_scaler").items()})
         params.update(changes)
@@ -165,7 +169,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         if anything fails, the net is left exactly as it was (an
         initialized net keeps its module, optimizer and precision)."""
         check_device(self.device)
-        params = self._precision_params()
+        params = self.precision_params()
         settings = read_settings(params)
         steps.check_step_params(params)
         if is_auto(self.amp_enabled):
@@ -195,7 +199,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
     def initialize_grad_scaler(self) -> "AmpNetMixin":
         """Build a new ``grad_scaler_`` from ``grad_scaler`` and the
         ``grad_scaler__*`` parameters (the scale restarts at ``init_scale``)."""
-        settings = read_settings(self._precision_params())
+        settings = read_settings(self.precision_params())
         self.precision_.scaler = build_scaler(settings)
         self.amp_step_state_.scale = None
         self.amp_step_state_.closure = self._uses_closure()
@@ -215,7 +219,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         super()._initialize_module(reason=reason)
         if prec is None:
             # skorch's _initialize_module() called on its own
-            prec = self.__dict__["precision_"] = Precision.build(read_settings(self._precision_params()))
+            prec = self.__dict__["precision_"] = Precision.build(read_settings(self.precision_params()))
         module = self.__dict__.get("module_")
         if isinstance(module, torch.nn.Module):
             prec.attach(module, trimmed=getattr(self, "_trimmed_for_prediction", False))
@@ -233,7 +237,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
     def get_params_for_optimizer(self, prefix: str, named_parameters: Any) -> tuple[tuple, dict]:
         """skorch's optimizer arguments; with AMP on, the optimizer's fused
         kernel (else foreach) unless ``fused``/``foreach`` is set (see
-        :mod:`ampnet.precision.kernels`)."""
+        ``ampnet.precision.kernels``)."""
         args, kwargs = super().get_params_for_optimizer(prefix, named_parameters)
         prec = self.__dict__.get("precision_")
         if prec is not None and prec.enabled and args:
@@ -265,7 +269,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         live optimizer after the optimizer accepts them, and show in
         ``get_params()``; ``iterator_*`` and ``dataset*`` settings apply
         at the next fit. If anything fails, for any parameter, the net is
-        left exactly as it was (:mod:`ampnet.net_state`).
+        left exactly as it was (``ampnet.net_state``).
         """
         # grad_scaler and grad_scaler__* are ampnet's to handle: skorch would
         # treat the "grad_scaler" prefix as a module and refuse it
@@ -280,17 +284,18 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         # every check first: nothing has changed when one refuses
         if "device" in kwargs:
             check_device(kwargs["device"])
-        params = self._precision_params(**kwargs)
+        params = self.precision_params(**kwargs)
         settings = read_settings(params)
         steps.check_step_params(params)
         if is_auto(kwargs.get("amp_enabled", self.amp_enabled)):
             autotune_settings({**self.get_params_for("amp_autotune"),
                                **{k.split("__", 1)[1]: v for k, v in own.items() if k.startswith("amp_autotune__")}})
         new_optimizer = any(k.split("__")[0] in self._optimizers for k in kwargs)
-        if not (getattr(self, "_trimmed_for_prediction", False) or new_optimizer):
-            Precision(settings, self.precision_.scaler).check_optimizers(
-                [(n, getattr(self, n + "_")) for n in self._optimizers]
-            )
+        # the one Precision of this call; _apply_precision gives it its scaler
+        new = Precision(settings, self.precision_.scaler)
+        checked = not (getattr(self, "_trimmed_for_prediction", False) or new_optimizer)
+        if checked:
+            new.check_optimizers([(n, getattr(self, n + "_")) for n in self._optimizers])
         # read at the next fit: skorch re-initializes nothing for them (and
         # refuses them on an initialized net)
         stored = {k: v for k, v in others.items() if k.startswith(STORED_PREFIXES)}
@@ -309,7 +314,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
             self.__dict__.update(own)
             if AUTOTUNE_INPUTS.intersection(kwargs):
                 self.__dict__.pop("amp_autotune_", None)  # the next fit probes again
-            self._apply_precision(settings, sorted(kwargs))
+            self._apply_precision(new, sorted(kwargs), checked)
         return self
 
     def _optimizer_settings(self, changed: dict[str, Any]) -> dict[str, Any]:
@@ -336,10 +341,13 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
                 args, kwargs = self.get_params_for_optimizer(name, self.get_all_learnable_params())
                 factory(*args, **kwargs)
 
-    def _apply_precision(self, settings: Any, changed: list[str]) -> None:
-        """Bring ``precision_`` in line with ``settings`` after ``changed``
-        parameters were set on an initialized net."""
-        prec = self.precision_
+    def _apply_precision(self, new: Precision, changed: list[str], checked: bool = False) -> None:
+        """Make ``new`` (built by ``set_params`` from the checked settings)
+        the net's ``precision_`` after ``changed`` parameters were set on an
+        initialized net: give it its scaler (the live one, changed in place,
+        or a new one) and the module's layout. Values are not checked again;
+        the optimizers are, unless ``checked``."""
+        prec, settings = self.precision_, new.settings
         scaler_kw = {k.split("__", 1)[1] for k in changed if k.startswith("grad_scaler__")}
         rebuild_scaler = bool(SCALER_PARAMS.intersection(changed)) or not scaler_kw <= set(LIVE_SETTINGS)
         relayout = bool(LAYOUT_PARAMS.intersection(changed))
@@ -352,7 +360,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         elif scaler_kw:
             live = {k: settings.scaler_kwargs[k] for k in scaler_kw}
             if isinstance(scaler, GradScaler):
-                scaler.set_settings(**live)
+                scaler.apply_settings(**live)  # read_settings has checked the values
             else:  # torch's own scaler: its setters, or a new one
                 for name, value in live.items():
                     setter = getattr(scaler, f"set_{name}", None)
@@ -360,21 +368,25 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
                         scaler = build_scaler(settings)
                         break
                     setter(value)
-        new = Precision.build(settings, scaler)
-        if not getattr(self, "_trimmed_for_prediction", False):  # refuse before the module changes
+        new.scaler = scaler
+        if not (checked or getattr(self, "_trimmed_for_prediction", False)):  # refuse before the module changes
             new.check_optimizers([(n, getattr(self, n + "_")) for n in self._optimizers])
         if relayout and isinstance(self.__dict__.get("module_"), torch.nn.Module):
-            self._relayout(prec, new, [k for k in changed if k in LAYOUT_PARAMS])
+            self.relayout_precision(prec, new, [k for k in changed if k in LAYOUT_PARAMS])
         else:
             new.layout, new.masters = prec.layout, prec.masters
         self.__dict__["precision_"] = new
         self.amp_step_state_.scale = None
         self.amp_step_state_.closure = self._uses_closure()
 
-    def _relayout(self, old: Precision, new: Precision, changed: list[str]) -> None:
+    def relayout_precision(self, old: Precision, new: Precision, changed: list[str]) -> None:
         """Move the fitted module to the new layout, keeping the weights; the
         optimizer is rebuilt (its state carried over where the parameters
-        line up) only when low-precision parameters are involved."""
+        line up) only when low-precision parameters are involved.
+
+        Part of the protocol that :mod:`ampnet.precision` calls on the net
+        (it calls no private method of the net); not a user API.
+        """
         trimmed = getattr(self, "_trimmed_for_prediction", False)
         optimizers = [] if trimmed else [getattr(self, n + "_") for n in self._optimizers]
         if not new.take_over(old, self.module_, trimmed, optimizers) or trimmed:
@@ -439,7 +451,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
                 shared = [result]
                 torch.distributed.broadcast_object_list(shared, src=0)
                 result = shared[0]
-        self._adopt_autotune(result)
+        self.adopt_autotune(result)
         if self.verbose and result.source == "probe":
             print(result, flush=True)
 
@@ -465,13 +477,17 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
                 return choice
         return None
 
-    def _adopt_autotune(self, result: AutotuneResult, carry: bool = True) -> None:
+    def adopt_autotune(self, result: AutotuneResult, carry: bool = True) -> None:
         """Train with ``result``'s choice from now on: the precision component,
         the module's layout and the optimizers become those of a net built
         with these settings (the optimizers' state carried over, with
-        ``carry``)."""
+        ``carry``).
+
+        Part of the protocol that :mod:`ampnet.precision` calls on the net
+        (it calls no private method of the net); not a user API.
+        """
         self.__dict__["amp_autotune_"] = result
-        settings = read_settings(self._precision_params())
+        settings = read_settings(self.precision_params())
         old, new = self.precision_, Precision.build(settings)
         trimmed = getattr(self, "_trimmed_for_prediction", False)
         names = [n for n in self._optimizers if isinstance(self.__dict__.get(n + "_"), torch.optim.Optimizer)]
@@ -501,13 +517,17 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         # a new step state, as initialize() builds; DDP re-wraps the module by itself
         self.amp_step_state_ = steps.StepState(closure=self._uses_closure())
 
-    def _autotune_copy(self, params: dict[str, Any]) -> "AmpNetMixin":
+    def autotune_copy(self, params: dict[str, Any]) -> "AmpNetMixin":
         """A net that trains copies of this net's modules with ``params``
         (for the probe): its own precision, optimizers, history and step
-        state, no callbacks, no data parallelism; this net is unchanged."""
+        state, no callbacks, no data parallelism; this net is unchanged.
+
+        Part of the protocol that :mod:`ampnet.precision` calls on the net
+        (it calls no private method of the net); not a user API.
+        """
         from skorch.history import History
 
-        from ampnet.precision.component import module_root
+        from ampnet.precision import module_root
 
         probe = object.__new__(type(self))
         probe.__dict__.update(self.__dict__)
@@ -522,8 +542,9 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         d.update(
             precision_=copy.copy(self.precision_), virtual_params_=dict(self.virtual_params_),
             history_=History(), callbacks_=[], verbose=0, parallel_=Parallel(), _trimmed_for_prediction=False,
+            gradient_accumulation_steps=1,  # every probe step is an optimizer step
         )
-        probe._adopt_autotune(AutotuneResult(params=dict(params)), carry=False)
+        probe.adopt_autotune(AutotuneResult(params=dict(params)), carry=False)
         return probe
 
     # ---- the training step ----------------------------------------------
@@ -633,7 +654,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
 
         On the first training batch of a fit, outputs and targets are
         checked for two natural mistakes (logits with ``NLLLoss``, float
-        ``y`` for class indices; :mod:`ampnet.output_checks`)."""
+        ``y`` for class indices; ``ampnet.output_checks``)."""
         state = self.__dict__.get("amp_step_state_")
         if training and state is not None and state.check_loss_inputs:
             state.check_loss_inputs = False

@@ -41,7 +41,7 @@ __all__ = [
 #: Parameters of the training step.
 STEP_PARAMS = ("gradient_accumulation_steps", "amp_max_consecutive_skips")
 
-#: The values of a skipped batch's ``skip_cause`` (see :func:`skip_cause`).
+#: The values of a skipped batch's ``skip_cause`` (see ``skip_cause``).
 SKIP_CAUSES = ("overflow", "nonfinite_input", "nonfinite_loss")
 
 
@@ -79,7 +79,7 @@ def train_step(net: Any, batch: Any, **fit_params: Any) -> dict[str, Any]:
     6. one host read decides; ``optimizer_step`` for each optimizer whose
        gradients are finite;
     7. one scaler update; ``loss_scale`` and ``step_skipped`` into the
-       history, and a skipped step's ``skip_cause`` (:func:`skip_cause`).
+       history, and a skipped step's ``skip_cause`` (``skip_cause()``).
     """
     prec, par, state = net.precision_, net.parallel_, net.amp_step_state_
     if state.closure:

@@ -5,7 +5,6 @@ device-to-host read per optimizer step on top of skorch's own."""
 import inspect
 import os
 
-import numpy as np
 import pytest
 import skorch
 import torch
@@ -15,9 +14,8 @@ import ampnet
 from ampnet import AmpNetClassifier
 
 from conftest import MLP
+from host_reads import HOST_READS, HostReadCounter, reads_per_batch
 
-#: Tensor methods that read a value back to the host.
-HOST_READS = ("item", "tolist", "__bool__", "__float__", "__int__", "__index__", "cpu", "numpy")
 
 
 def _skorch_methods():
@@ -69,46 +67,13 @@ def test_stack_at_forward_holds_at_most_two_ampnet_files(classifier_data, level)
     assert len(files) <= 2, sorted(files)
 
 
-class _ReadCounter:
-    """Counts Python-level host reads of tensors while active."""
-
-    def __init__(self):
-        self.count = 0
-        self._saved = {}
-
-    def __enter__(self):
-        for name in HOST_READS:
-            original = getattr(torch.Tensor, name)
-            self._saved[name] = original
-
-            def counted(*args, __original=original, **kwargs):
-                self.count += 1
-                return __original(*args, **kwargs)
-
-            setattr(torch.Tensor, name, counted)
-        return self
-
-    def __exit__(self, *exc):
-        for name, original in self._saved.items():
-            setattr(torch.Tensor, name, original)
-
-
 #: One read per fit, on its first training batch: ampnet.output_checks (is the output of a
 #: classifier with NLLLoss probabilities?), amortized over _reads_per_batch's 2 x 16 batches.
 PER_FIT = 1 / 32
 
 
 def _reads_per_batch(cls, **kwargs):
-    rng = np.random.RandomState(0)
-    X = rng.randn(256, 20).astype(np.float32)
-    y = (X[:, 0] > 0).astype(np.int64)
-    kwargs = {"optimizer": torch.optim.SGD, "lr": 0.05, **kwargs}
-    net = cls(MLP, max_epochs=2, batch_size=16, train_split=None, verbose=0, **kwargs)
-    net.initialize()
-    with _ReadCounter() as counter:
-        net.partial_fit(X, y)
-    batches = len(net.history[:, "batches"][0]) * len(net.history)
-    return counter.count / batches
+    return reads_per_batch(cls, MLP, **kwargs)[0]
 
 
 @pytest.mark.parametrize(
@@ -163,3 +128,208 @@ def test_amp_monitor_keeps_one_host_read_per_step(settings):
     ours = _reads_per_batch(AmpNetClassifier, callbacks=[AmpMonitor(sink=lambda line: None)], **settings)
     per_epoch = 1 / 16  # 16 batches per epoch
     assert ours <= baseline + steps + per_epoch + PER_FIT + 1e-9, (ours, baseline)
+
+
+# --- where code lives: imports (parsed with ast, deferred imports inside functions included)
+
+import ast  # noqa: E402
+import pathlib  # noqa: E402
+
+ROOT = pathlib.Path(ampnet.__file__).resolve().parent.parent
+PACKAGES = ("ampnet", "ampnet_bench")
+
+
+def _module_name(path):
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _source_files():
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            yield _module_name(path), path
+
+
+def _is_module(dotted):
+    path = ROOT / pathlib.Path(*dotted.split("."))
+    return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
+
+
+def _imports(name, path):
+    """The modules ``name`` imports (``from a import b`` counts as ``a.b``
+    when ``a.b`` is a module), each with its line number."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            submodules = [f"{base}.{alias.name}" for alias in node.names
+                          if _is_module(f"{base}.{alias.name}")]
+            if len(submodules) < len(node.names):  # not only submodules: the names come from base
+                found.append((base, node.lineno))
+            found += [(sub, node.lineno) for sub in submodules]
+    return found
+
+
+def test_precision_is_imported_through_its_front_door():
+    import ampnet.precision as precision
+
+    outside = []
+    for name, path in _source_files():
+        if name == "ampnet.precision" or name.startswith("ampnet.precision."):
+            continue
+        for imported, line in _imports(name, path):
+            if imported.startswith("ampnet.precision."):
+                outside.append(f"{path.relative_to(ROOT)}:{line} imports {imported}")
+    assert outside == []
+    # the front door lists what it exports, and every listed name exists
+    assert len(precision.__all__) == len(set(precision.__all__))
+    missing = [n for n in precision.__all__ if not hasattr(precision, n)]
+    assert missing == []
+    for public in ("Precision", "PrecisionPolicy", "resolve_precision", "GradScaler", "PrecisionReport",
+                   "MemoryReport", "PrecisionLayout"):
+        assert public in precision.__all__
+
+
+def test_import_ampnet_in_a_fresh_interpreter():
+    import subprocess
+    import sys
+
+    # every import of a submodule runs ampnet/__init__ first: one interpreter covers the order
+    result = subprocess.run([sys.executable, "-c", "import ampnet_bench.contenders, ampnet.export"],
+                            capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stderr
+
+
+def _import_graph(prefix):
+    """Module -> the modules it imports, among the modules under ``prefix``."""
+    modules = {n: p for n, p in _source_files() if n == prefix or n.startswith(prefix + ".")}
+    return {n: {i for i, _ in _imports(n, p) if i in modules and i != n} for n, p in modules.items()}
+
+
+def _cycles(graph):
+    """The import cycles of ``graph``, each as a list of modules."""
+    cycles, done = [], set()
+
+    def visit(node, path):
+        if node in path:
+            cycles.append(path[path.index(node):] + [node])
+            return
+        if node in done:
+            return
+        for nxt in sorted(graph[node]):
+            visit(nxt, path + [node])
+        done.add(node)
+
+    for node in sorted(graph):
+        visit(node, [])
+    return cycles
+
+
+def test_cycle_finder_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_precision_modules_import_without_cycles():
+    # deferred imports inside functions count: a cycle hidden in a function is still a cycle
+    graph = _import_graph("ampnet.precision")
+    assert "ampnet.precision.component" in graph and "ampnet.precision.auto_probe" in graph
+    assert _cycles(graph) == []
+
+
+def test_precision_calls_no_private_method_of_the_net():
+    # the net's protocol for the precision component is public (relayout_precision, ...)
+    calls = []
+    for name, path in _source_files():
+        if not name.startswith("ampnet.precision"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            func = getattr(node, "func", None) if isinstance(node, ast.Call) else None
+            if (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name)
+                    and func.value.id == "net" and func.attr.startswith("_")):
+                calls.append(f"{path.relative_to(ROOT)}:{node.lineno} net.{func.attr}()")
+    assert calls == []
+    for method in ("relayout_precision", "adopt_autotune", "autotune_copy", "precision_params"):
+        assert callable(getattr(AmpNetClassifier, method))
+
+
+def test_one_constant_lists_the_low_precision_dtypes():
+    from ampnet.dtypes import LOW_PRECISION_DTYPES
+
+    assert set(LOW_PRECISION_DTYPES) == {torch.float16, torch.bfloat16}
+    low = {"float16", "bfloat16", "half"}
+    found = []
+    for name, path in _source_files():
+        if name == "ampnet.dtypes":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Tuple, ast.List, ast.Set)) and len(node.elts) >= 2:
+                attrs = {e.attr for e in node.elts if isinstance(e, ast.Attribute)}
+                if len(attrs & low) >= 2:
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert found == [], "use ampnet.dtypes.LOW_PRECISION_DTYPES"
+
+
+def test_host_reads_are_counted_in_one_place():
+    patches = []
+    paths = [p for folder in ("ampnet", "ampnet_bench", "tests", "tools") for p in (ROOT / folder).rglob("*.py")]
+    for path in sorted(paths):
+        if path.name == "host_reads.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "setattr"
+                    and ast.unparse(node.args[0]) == "torch.Tensor"):
+                patches.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert patches == [], "count host reads with tests/host_reads.py"
+    with HostReadCounter() as counter:
+        torch.ones(2).sum().item()
+        torch.zeros(3).tolist()
+    assert counter.count == 2
+    assert torch.Tensor.item is not None and "counted" not in torch.Tensor.item.__name__
+    assert set(HOST_READS) >= {"item", "tolist", "cpu", "numpy"}
+
+
+def test_set_params_of_a_live_scaler_setting_checks_once_and_builds_one_precision(monkeypatch, classifier_data):
+    from ampnet.precision import component, scaler, settings
+
+    X, y = classifier_data
+    net = AmpNetClassifier(MLP, amp_enabled=True, amp_dtype="float16", max_epochs=1, batch_size=64,
+                           train_split=None, verbose=0).fit(X[:128], y[:128])
+    live = net.grad_scaler_
+    builds, checks = [], []
+    init = component.Precision.__init__
+
+    def counting_init(self, *args, **kwargs):
+        builds.append(1)
+        init(self, *args, **kwargs)
+
+    def counting_check(original):
+        def check(*args, **kwargs):
+            checks.append(kwargs)
+            return original(*args, **kwargs)
+        return check
+
+    monkeypatch.setattr(component.Precision, "__init__", counting_init)
+    monkeypatch.setattr(settings, "validate_scaler_settings", counting_check(settings.validate_scaler_settings))
+    monkeypatch.setattr(scaler, "validate_scaler_settings", counting_check(scaler.validate_scaler_settings))
+    net.set_params(grad_scaler__growth_factor=4)
+    assert len(builds) == 1
+    assert len(checks) == 1 and checks[0]["growth_factor"] == 4
+    # the live scaler changed in place, and the new component holds it
+    assert net.grad_scaler_ is live and live.get_settings()["growth_factor"] == 4.0
+    assert net.precision_.settings.scaler_kwargs == {"growth_factor": 4}
+    assert net.get_params()["grad_scaler__growth_factor"] == 4
+    # a bad value is still refused, naming the parameter, and changes nothing
+    with pytest.raises(ValueError, match="growth_factor"):
+        net.set_params(grad_scaler__growth_factor=0.5)
+    assert live.get_settings()["growth_factor"] == 4.0 and net.get_params()["grad_scaler__growth_factor"] == 4

@@ -404,3 +404,33 @@ def test_grid_search_and_pipeline(data):
 def test_result_is_a_plain_record():
     result = AutotuneResult(params=dict(FLOAT32), source="loaded")
     assert str(result) == "amp_enabled='auto' on cpu: chose float32 (AMP off) (a saved choice; no probe ran)"
+
+
+def test_gradient_accumulation_probes_whole_steps(data):
+    net = fit(data, gradient_accumulation_steps=4, amp_autotune__timer=Timer())
+    assert [r["healthy"] for r in net.amp_autotune_.table] == [True, True, True]
+    assert net.amp_autotune_.params == BF16_MIXED
+    assert net.gradient_accumulation_steps == 4
+    # the net itself accumulates: 4 micro-batches of 16 rows per step, one step per epoch
+    assert {float(st["step"]) for st in net.optimizer_.state.values()} == {2.0}
+
+
+def test_the_probe_leaves_callbacks_and_history_alone(data):
+    from skorch.callbacks import Callback
+
+    class Count(Callback):
+        def initialize(self):
+            self.grads, self.begins = 0, 0
+            return self
+
+        def on_train_begin(self, net, **kwargs):
+            self.begins += 1
+
+        def on_grad_computed(self, net, **kwargs):
+            self.grads += 1
+
+    count = Count()
+    net = fit(data, callbacks=[count], amp_autotune__timer=Timer())
+    assert len(net.amp_autotune_.table) == 3  # 3 candidates x 7 probe steps ran on copies
+    assert (count.begins, count.grads) == (1, 2 * 4)  # only the real steps: 2 epochs x 4 batches
+    assert len(net.history) == 2 and [len(row["batches"]) for row in net.history] == [4, 4]

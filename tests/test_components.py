@@ -106,7 +106,10 @@ CHOICES = {
 
 
 def _groups(net):
-    return [{k: v for k, v in g.items() if k != "params"} for g in net.optimizer_.param_groups]
+    """The optimizer's hyper-parameters by group; not its kernel (``fused``/``foreach``),
+    which ampnet picks for AMP and documents as no part of the state (ampnet.precision.kernels)."""
+    return [{k: v for k, v in g.items() if k not in ("params", "fused", "foreach")}
+            for g in net.optimizer_.param_groups]
 
 
 def _observed(net):

@@ -43,6 +43,7 @@ PUBLIC = {
     "ampnet.precision.report": ["PrecisionReport", "ModuleReport"],
     "ampnet.precision.memory": ["MemoryReport"],
     "ampnet.precision.plan": ["PrecisionLayout"],
+    "ampnet.precision.autotune": ["AutotuneResult"],
     "ampnet.step": ["train_step", "StepState"],
     "ampnet.benchmark": ["main"],
 }

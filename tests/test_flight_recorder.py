@@ -410,3 +410,37 @@ def test_plot_extra_is_declared_and_in_dev():
         extras = tomllib.load(f)["project"]["optional-dependencies"]
     assert extras["plot"] == ["matplotlib"]
     assert "ampnet[plot]" in extras["dev"]
+
+
+class Probabilities(torch.nn.Module):
+    """The docs' MyModule (docs/getting_started.md)."""
+
+    def __init__(self, hidden_units=32):
+        super().__init__()
+        self.hidden = torch.nn.Linear(20, hidden_units)
+        self.act = torch.nn.ReLU()
+        self.head = torch.nn.Linear(hidden_units, 2)
+        self.softmax = torch.nn.Softmax(dim=-1)
+
+    def forward(self, X):
+        return self.softmax(self.head(self.act(self.hidden(X))))
+
+
+@fp16_quiet
+def test_the_readme_example_record():
+    """README "Why was a step skipped?": the record it shows."""
+    from sklearn.datasets import make_classification
+
+    X, y = make_classification(n_samples=256, n_features=20, n_informative=10, random_state=0)
+    X, y = X.astype("float32"), y.astype("int64")
+    X[96:104] *= 3e3
+    torch.manual_seed(0)
+    net = AmpNetClassifier(Probabilities, amp_enabled=True, amp_dtype="float16", batch_size=32, max_epochs=2,
+                           train_split=None, iterator_train__shuffle=False, verbose=0,
+                           callbacks=[AmpMonitor(sink=lambda line: None)])
+    net.fit(X, y)
+    row = net.history[-1, "batches", 3]
+    assert {k: row[k] for k in ("skip_cause", "first_nonfinite", "step_skipped", "loss_scale")} == {
+        "skip_cause": "overflow", "first_nonfinite": "softmax", "step_skipped": True, "loss_scale": 16384.0}
+    assert [i for i, _ in skipped_rows(net)] == [3]
+    assert all(0 < v < 10 for v in net.history[:, "grad_norm"])

@@ -246,8 +246,7 @@ def check_auto_choice(module: torch.nn.Module, state: Any, source: str) -> None:
     ValueError
       Naming ``source`` and the field.
     """
-    from ampnet.precision.auto import METADATA_KEY, choice_problem
-    from ampnet.precision.component import module_root
+    from ampnet.precision import AUTO_METADATA_KEY as METADATA_KEY, choice_problem, module_root
 
     metadata = getattr(state, "_metadata", None)
     root = metadata.get("") if isinstance(metadata, Mapping) else None

@@ -69,10 +69,10 @@ from ampnet.io.rollback import (
     snapshot_module,
     snapshot_optimizer,
 )
-from ampnet.precision.compensated import drop_compensation
-from ampnet.precision.autotune import add_saved_choice, plan_saved_choice
-from ampnet.precision.kernels import keep_kernels
-from ampnet.precision.scaler_checks import validate_scaler_state
+from ampnet.precision import drop_compensation
+from ampnet.precision import add_saved_choice, plan_saved_choice
+from ampnet.precision import keep_kernels
+from ampnet.precision import validate_scaler_state
 from ampnet.io.schedulers import (
     dumps_lr_scheduler_states,
     plan_lr_schedulers,

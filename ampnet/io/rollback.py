@@ -122,8 +122,8 @@ def snapshot_auto_choice(module: torch.nn.Module) -> Restore:
     """Snapshot the ``amp_fp32_modules='auto'`` choice that loading a
     parameters file records on the module (its load hook's ``loaded``),
     so that a rolled-back load leaves no saved choice behind."""
-    from ampnet.precision.auto import find_auto_hooks
-    from ampnet.precision.component import module_root
+    from ampnet.precision import find_auto_hooks
+    from ampnet.precision import module_root
 
     hooks = find_auto_hooks(module_root(module))
     if hooks is None:

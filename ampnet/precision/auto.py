@@ -1,6 +1,6 @@
 """``amp_fp32_modules='auto'``: keep the modules that overflow in float32.
 
-At the start of the first fit (:func:`resolve_auto_fp32`, before any
+At the start of the first fit (:func:`ampnet.precision.auto_probe.resolve_auto_fp32`, before any
 callback's ``on_train_begin``), one forward and backward pass on the first
 training batch -- the first ``batch_size`` rows of the training split, not
 shuffled -- finds the modules where an activation or gradient overflow of
@@ -38,8 +38,6 @@ __all__ = [
     "install_auto_hooks",
     "remove_auto_hooks",
     "find_auto_hooks",
-    "resolve_auto_fp32",
-    "split_params",
 ]
 
 #: The key of the choice in the root module's ``state_dict`` metadata.
@@ -137,56 +135,3 @@ def remove_auto_hooks(root: torch.nn.Module) -> None:
     for hooks in (root._state_dict_hooks, root._load_state_dict_pre_hooks):
         for key in [k for k, h in hooks.items() if _is_ours(h)]:
             del hooks[key]
-
-
-def split_params(net: Any, fit_params: dict[str, Any]) -> dict[str, Any]:
-    """The keyword arguments that ``fit_loop`` passes to ``train_split``
-    for these ``fit_params``: skorch's private ``_routing_method`` (which
-    ``fit`` threads through ``partial_fit``) removed, and with scikit-learn's
-    metadata routing enabled only what is routed to the splitter, as
-    skorch's ``fit_loop`` does."""
-    params = dict(fit_params)
-    method = params.pop("_routing_method", "partial_fit")
-    import sklearn
-
-    if not (sklearn.get_config().get("enable_metadata_routing") and hasattr(net, "get_metadata_routing")):
-        return params
-    from sklearn.utils.metadata_routing import process_routing
-
-    routed = process_routing(net, method, **params)
-    return dict(routed.get("splitter", {"split": {}})["split"])
-
-
-def resolve_auto_fp32(net: Any, X: Any, y: Any = None, **fit_params: Any) -> None:
-    """Resolve ``'auto'`` in ``amp_fp32_modules`` once, at the start of the
-    first fit: take a loaded choice, or probe the first training batch;
-    then move the module to the new layout. Does nothing when nothing is
-    pending."""
-    from ampnet.io.rng import get_rng_state, set_rng_state
-    from ampnet.precision.component import Precision, module_root
-    from ampnet.precision.report import build_report
-
-    prec = net.precision_
-    module = net.__dict__.get("module_")
-    if not prec.auto_pending or not isinstance(module, torch.nn.Module):
-        return
-    hooks = find_auto_hooks(module_root(module))
-    choice = hooks.loaded if hooks is not None else None
-    if choice is None:
-        rng = get_rng_state()
-        try:
-            dataset, _ = net.get_split_datasets(X, y, **split_params(net, fit_params))
-            report = build_report(net, dataset, None)
-        finally:
-            set_rng_state(rng)
-        choice = tuple(report.recommended_fp32_modules)
-        if net.verbose:
-            kept = ", ".join(repr(n) for n in choice) if choice else "none"
-            print(
-                f"amp_fp32_modules='auto': modules kept in float32 (where {report.target_dtype}'s "
-                f"range overflows on the first training batch): {kept}"
-            )
-    new = Precision(prec.settings, prec.scaler)
-    new.auto_fp32 = choice
-    net._relayout(prec, new, ["amp_fp32_modules"])
-    net.__dict__["precision_"] = new

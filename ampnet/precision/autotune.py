@@ -53,7 +53,8 @@ whose median step time so far is 1.5x float32's or more stops after that
 timed step (it cannot win): where AMP does not pay off, the probe costs
 about 7 + 3 per AMP candidate steps (13 for an MLP). One copy of
 the module and the optimizers exists at a time besides the net's own (the
-memory of one more model and optimizer state). The probe's wall time is
+memory of one more model and optimizer state), plus float32's first
+gradients (one float32 value per parameter) for the health check. The probe's wall time is
 ``amp_autotune_.probe_s``.
 
 Settings (``amp_autotune__<name>``)
@@ -239,7 +240,7 @@ class AutotuneResult:
     Attributes
     ----------
     params : dict
-      The chosen constructor parameters (:data:`CHOICE_KEYS`):
+      The chosen constructor parameters (``CHOICE_KEYS``):
       ``AmpNet(..., **params)`` trains as the ``'auto'`` net does.
 
     table : list of dict
@@ -501,7 +502,7 @@ def _measure(net: Any, params: dict[str, Any], batch: Any, settings: dict[str, A
     seconds, finite, reason if not, the gradient capture). Timing stops
     early once the median exceeds ``limit`` seconds."""
     try:
-        probe = net._autotune_copy(params)
+        probe = net.autotune_copy(params)
     except (ValueError, TypeError) as exc:  # settings this net cannot train with
         raise _Refused(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
     capture = _GradCapture()
@@ -517,7 +518,8 @@ def _measure(net: Any, params: dict[str, Any], batch: Any, settings: dict[str, A
     times = []
     warm = settings["warmup"]
     i = 0
-    while i < warm or (capture.grads is None and i < warm + _EXTRA_WARMUP and probe.precision_.scaling):
+    while i < warm or (capture.nonfinite and capture.grads is None and i < warm + _EXTRA_WARMUP
+                       and probe.precision_.scaling):
         step()
         i += 1
     for _ in range(settings["steps"]):
@@ -528,7 +530,7 @@ def _measure(net: Any, params: dict[str, Any], batch: Any, settings: dict[str, A
     reason = None
     if not finite:
         reason = "unhealthy: the loss is not finite"
-    elif capture.grads is None:
+    elif capture.grads is None and capture.nonfinite:
         reason = "unhealthy: the gradients are not finite"
     return statistics.median(times), reason is None, reason, capture
 
@@ -574,7 +576,7 @@ def run_probe(net: Any, X: Any, y: Any = None, **fit_params: Any) -> AutotuneRes
             if baseline:
                 reference = capture.grads
                 row["grad_cosine"] = 1.0 if reference is not None else None
-            elif healthy and reference is not None:
+            elif healthy and reference is not None and capture.grads is not None:
                 cos = _cosine(capture.grads, reference)
                 row["grad_cosine"] = cos
                 if cos < settings["min_cosine"]:
@@ -655,7 +657,7 @@ def plan_saved_choice(net: Any, state: Any, source: str) -> Any:
             f"chose {label(own.params)} and keeps its own choice. To train with the saved one, "
             f"pass {saved!r} to the constructor."))
     try:
-        settings = read_settings({**net._precision_params(), **saved})
+        settings = read_settings({**net.precision_params(), **saved})
         Precision(settings, net.precision_.scaler).check_optimizers(
             [(n, o) for n in net._optimizers if isinstance(o := net.__dict__.get(n + "_"), torch.optim.Optimizer)])
     except (ValueError, TypeError) as exc:
@@ -664,7 +666,7 @@ def plan_saved_choice(net: Any, state: Any, source: str) -> Any:
             f"cannot use ({exc}); it measures its own at its next fit."))
 
     def adopt() -> None:
-        net._adopt_autotune(AutotuneResult(params=saved, device=str(net.device), source="loaded"))
+        net.adopt_autotune(AutotuneResult(params=saved, device=str(net.device), source="loaded"))
 
     def snapshot() -> Callable[[], None]:
         saved_dict = dict(net.__dict__)

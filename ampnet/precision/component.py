@@ -23,6 +23,7 @@ import torch
 from skorch.utils import to_tensor
 
 from ampnet._tree import cast_floating, map_tensors
+from ampnet.dtypes import LOW_PRECISION_DTYPES
 from ampnet.precision import compensated as comp
 from ampnet.precision.auto import install_auto_hooks, remove_auto_hooks
 from ampnet.precision.checks import nonfinite_grads
@@ -59,7 +60,7 @@ class StepDecision(NamedTuple):
 
 
 #: Output dtypes that convert_output casts to float32 under AMP.
-_TO_FLOAT32 = (torch.float16, torch.bfloat16, torch.float64)
+_TO_FLOAT32 = (*LOW_PRECISION_DTYPES, torch.float64)
 
 
 def module_root(module: torch.nn.Module) -> torch.nn.Module:

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from ampnet.dtypes import LOW_PRECISION_DTYPES
 from ampnet.validation import describe, is_bool
 
 __all__ = [
@@ -44,8 +45,6 @@ _VALID_DTYPES_TEXT = (
     "'auto', 'float16' (or 'fp16', 'half'), 'bfloat16' (or 'bf16'), "
     "torch.float16 or torch.bfloat16"
 )
-
-_LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
 def dtype_name(dtype: torch.dtype | None) -> str:
@@ -83,7 +82,7 @@ def parse_amp_dtype(amp_dtype: Any) -> torch.dtype | None:
       For a value that is neither a string nor a ``torch.dtype``.
     """
     if isinstance(amp_dtype, torch.dtype):
-        if amp_dtype in _LOW_PRECISION:
+        if amp_dtype in LOW_PRECISION_DTYPES:
             return amp_dtype
         raise ValueError(
             f"amp_dtype must be one of {_VALID_DTYPES_TEXT}; got {describe(amp_dtype)}. "
