@@ -152,9 +152,9 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
     def precision_params(self, **changes: Any) -> dict[str, Any]:
         """The precision parameters the net trains with, after ``changes``:
         ``amp_enabled='auto'`` stands for its choice (float32 before it, or
-        when ``changes`` drop it; see :mod:`ampnet.precision.autotune`).
+        when ``changes`` drop it; see ``ampnet.precision.autotune``).
 
-        Part of the protocol that :mod:`ampnet.precision` calls on the net
+        Part of the protocol that ``ampnet.precision`` calls on the net
         (it calls no private method of the net); not a user API.
         """
         params = {name: getattr(self, name) for name in PRECISION_PARAMS + steps.STEP_PARAMS}
@@ -384,7 +384,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         optimizer is rebuilt (its state carried over where the parameters
         line up) only when low-precision parameters are involved.
 
-        Part of the protocol that :mod:`ampnet.precision` calls on the net
+        Part of the protocol that ``ampnet.precision`` calls on the net
         (it calls no private method of the net); not a user API.
         """
         trimmed = getattr(self, "_trimmed_for_prediction", False)
@@ -439,7 +439,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
     def _autotune(self, X: Any, y: Any = None, **fit_params: Any) -> None:
         """Choose for ``amp_enabled='auto'`` once: a saved choice of the
         checkpoint that ``LoadInitState`` resumes from, else the probe of
-        :mod:`ampnet.precision.autotune`; then train with it."""
+        ``ampnet.precision.autotune``; then train with it."""
         if not is_auto(self.amp_enabled) or "amp_autotune_" in self.__dict__:
             return
         saved = self._resume_choice()
@@ -483,7 +483,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         with these settings (the optimizers' state carried over, with
         ``carry``).
 
-        Part of the protocol that :mod:`ampnet.precision` calls on the net
+        Part of the protocol that ``ampnet.precision`` calls on the net
         (it calls no private method of the net); not a user API.
         """
         self.__dict__["amp_autotune_"] = result
@@ -522,7 +522,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         (for the probe): its own precision, optimizers, history and step
         state, no callbacks, no data parallelism; this net is unchanged.
 
-        Part of the protocol that :mod:`ampnet.precision` calls on the net
+        Part of the protocol that ``ampnet.precision`` calls on the net
         (it calls no private method of the net); not a user API.
         """
         from skorch.history import History

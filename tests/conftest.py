@@ -8,6 +8,18 @@ import torch
 torch.set_num_threads(1)
 
 
+def pytest_collection_modifyitems(config, items):
+    """Deselect the tests marked ``gpu`` unless ``-m`` names the mark (``-m gpu``,
+    ``-m "gpu and not slow"``, ``-m "not gpu"``): ``python -m pytest -m "not slow"`` still
+    leaves them out, as ``python -m pytest`` does."""
+    if "gpu" in (config.getoption("markexpr") or ""):
+        return
+    gpu = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if gpu:
+        config.hook.pytest_deselected(items=gpu)
+        items[:] = [item for item in items if item.get_closest_marker("gpu") is None]
+
+
 class MLP(torch.nn.Module):
     """A small classifier that returns probabilities (skorch's default NLLLoss)."""
 
@@ -50,6 +62,16 @@ def mlp():
     return MLP
 
 
+def small_classifier(**kwargs):
+    """An ``AmpNetClassifier`` over :class:`MLP` for one quiet epoch of batches of 16, without a
+    validation split (``kwargs`` override)."""
+    from ampnet import AmpNetClassifier
+
+    params = dict(module=MLP, max_epochs=1, lr=0.05, batch_size=16, train_split=None, verbose=0)
+    params.update(kwargs)
+    return AmpNetClassifier(**params)
+
+
 def params_equal(net_a, net_b):
     """Whether two nets' module parameters are bitwise equal."""
     pa = dict(net_a.module_.named_parameters())
@@ -87,3 +109,54 @@ PRECISION_CASES = [
 def precision_case(request):
     """Net keyword arguments for one device x dtype x level case."""
     return dict(request.param)
+
+
+# ---- the device x dtype fixture -------------------------------------------------------
+
+
+class DeviceDtype:
+    """One device and the dtype a net computes in there: float32 (AMP off),
+    bfloat16 or float16 (AMP on, mixed)."""
+
+    def __init__(self, device, dtype):
+        self.device, self.dtype = device, dtype
+
+    @property
+    def low(self):
+        """Whether the dtype is a low-precision one (AMP on)."""
+        return self.dtype != torch.float32
+
+    @property
+    def scaled(self):
+        """Whether loss scaling runs (float16 only)."""
+        return self.dtype == torch.float16
+
+    @property
+    def net_kwargs(self):
+        """Net keyword arguments: the device, and AMP with the dtype (none with AMP off, where
+        an ``amp_dtype`` would have no effect)."""
+        if not self.low:
+            return dict(device=self.device, amp_enabled=False)
+        return dict(device=self.device, amp_enabled=True, amp_dtype=str(self.dtype)[len("torch."):])
+
+    @property
+    def atol(self):
+        """What a float32 result may differ by when computed in this dtype (tiny models)."""
+        return {torch.float32: 1e-6, torch.bfloat16: 3e-2, torch.float16: 5e-3}[self.dtype]
+
+    def __repr__(self):
+        return f"{self.device}-{str(self.dtype)[len('torch.'):]}"
+
+
+DEVICE_DTYPES = [
+    pytest.param(DeviceDtype(device, dtype), id=f"{device}-{str(dtype)[len('torch.'):]}",
+                 marks=[_GPU, _NO_CUDA] if device == "cuda" else [])
+    for device in ("cpu", "cuda")
+    for dtype in (torch.float32, torch.bfloat16, torch.float16)
+]
+
+
+@pytest.fixture(params=DEVICE_DTYPES)
+def device_dtype(request):
+    """cpu and cuda (marked ``gpu``) x {float32, bfloat16, float16}: a :class:`DeviceDtype`."""
+    return request.param

@@ -56,6 +56,7 @@ class _StackProbe(torch.nn.Module):
         return torch.softmax(self.lin(X), dim=-1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("level", ["mixed", "pure"])
 def test_stack_at_forward_holds_at_most_two_ampnet_files(classifier_data, level):
     X, y = classifier_data

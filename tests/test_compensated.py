@@ -18,7 +18,7 @@ from ampnet_bench.workloads import _cluster_data
 from ampnet.callbacks.checkpoint import Checkpoint, LoadInitState
 from ampnet.precision.compensated import KEY
 
-from conftest import MLP
+from conftest import MLP, small_classifier
 from test_fused import fused_sgd_updates_bfloat16
 
 PURE = dict(amp_enabled=True, amp_level="pure")
@@ -143,6 +143,7 @@ def _final_loss(**kw):
     return net.fit(data.X.numpy(), data.y.numpy()).history[-1, "train_loss"]
 
 
+@pytest.mark.slow
 def test_final_loss_within_2_percent_of_float32_where_plain_pure_is_not():
     fp32 = _final_loss()
     comp = _final_loss(**COMP)
@@ -390,3 +391,28 @@ def test_float16_compensated_refuses_optimizers_with_second_moments():
                                          r"where Adam's eps .* Fix: amp_dtype='bfloat16'"):
         net.initialize()
     assert not net.initialized_
+
+
+def test_torch_scaler_with_float16_compensated_is_refused():
+    with pytest.raises(ValueError, match="compensated.*torch.amp.GradScaler refuses"):
+        small_classifier(amp_enabled=True, amp_dtype="float16", amp_level="pure", amp_master_weights="compensated", optimizer=torch.optim.SGD,
+             grad_scaler=torch.amp.GradScaler).initialize()
+
+
+def test_loading_parameters_alone_into_a_compensated_net_drops_stale_compensation(classifier_data, tmp_path):
+    X, y = classifier_data
+    kw = dict(amp_enabled=True, amp_dtype="bfloat16", amp_level="pure", amp_master_weights="compensated",
+              optimizer=torch.optim.SGD, lr=0.01, max_epochs=2)
+    torch.manual_seed(0)
+    source = small_classifier(**kw).fit(X, y)
+    source.save_params(f_params=str(tmp_path / "p.pt"))
+    torch.manual_seed(1)
+    net = small_classifier(**kw).fit(X, y)
+    assert net.memory_report()  # trained: it holds compensation buffers
+    net.load_params(f_params=str(tmp_path / "p.pt"))
+    saved = torch.load(tmp_path / "p.pt", weights_only=True)
+    for key, value in net.module_.state_dict().items():
+        assert torch.equal(value.float(), saved[key].float()), key
+    exported = net.precision_.float32_weights(net.module_, [net.optimizer_])
+    for key, value in exported.items():
+        assert torch.equal(value, saved[key].float()), key

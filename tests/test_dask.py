@@ -57,6 +57,7 @@ def client():
     cluster.close()
 
 
+@pytest.mark.slow
 def test_grid_search_on_dask_cluster_matches_n_jobs_1(client, classifier_data):
     X, y = classifier_data
     local = _search().set_params(n_jobs=1).fit(X, y)

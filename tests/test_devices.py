@@ -13,6 +13,7 @@ import torch
 import ampnet
 from ampnet import AmpNetClassifier
 from ampnet.precision.devices import check_device
+from conftest import small_classifier
 
 
 class Tiny(torch.nn.Module):
@@ -82,6 +83,7 @@ def test_available_devices_pass(device):
     check_device(device)
 
 
+@pytest.mark.slow
 @no_cuda
 @pytest.mark.parametrize("device", ["cuda", "mps"])
 def test_demo_reports_a_missing_device_without_a_traceback(device):
@@ -136,3 +138,12 @@ def test_cpu_made_grad_scaler_moves_to_a_cuda_net():
     net.fit(*data())
     assert net.grad_scaler_._scale.device.type == "cuda"
     assert net.history[0, "batches", 0, "loss_scale"] == 256.0
+
+
+def test_set_params_refuses_an_unavailable_device_before_anything_changes(classifier_data):
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without CUDA")
+    net = small_classifier().fit(*classifier_data)
+    with pytest.raises(ValueError, match=r"device='cuda', but CUDA is not available"):
+        net.set_params(device="cuda")
+    assert net.device == "cpu"

@@ -52,6 +52,7 @@ def runs(tmp_path_factory):
     return {"two": two, "one": one, "outs": outs, "dir": tmp}
 
 
+@pytest.mark.slow
 def test_two_ranks_match_one_process_with_double_batch(runs):
     (r0, r1), (single,) = runs["two"], runs["one"]
     assert r0["ddp"] and r1["ddp"] and not single["ddp"]
@@ -60,6 +61,7 @@ def test_two_ranks_match_one_process_with_double_batch(runs):
         assert torch.equal(r0["params"][key], r1["params"][key])
 
 
+@pytest.mark.slow
 def test_overflow_on_one_rank_skips_on_both_with_identical_scale(runs):
     (r0, r1), (single,) = runs["two"], runs["one"]
     skipped0 = [b["step_skipped"] for row in r0["history"] for b in row["batches"] if "step_skipped" in b]
@@ -71,6 +73,7 @@ def test_overflow_on_one_rank_skips_on_both_with_identical_scale(runs):
     assert r0["scale"] == r1["scale"] == single["scale"]
 
 
+@pytest.mark.slow
 def test_history_identical_on_every_rank_and_only_rank0_prints(runs):
     r0, r1 = runs["two"]
     assert repr(r0["history"]) == repr(r1["history"])  # repr: NaN losses compare equal
@@ -82,6 +85,7 @@ def test_history_identical_on_every_rank_and_only_rank0_prints(runs):
     assert not list((runs["dir"] / "checkpoint_fp16_world2_rank1").glob("*"))
 
 
+@pytest.mark.slow
 def test_distributed_checkpoint_loads_in_one_process(runs):
     X = np.random.RandomState(0).randn(70, 6).astype(np.float32)
     sys.path.insert(0, str(WORKER.parent))
@@ -92,6 +96,7 @@ def test_distributed_checkpoint_loads_in_one_process(runs):
     assert net.predict_proba(X).shape == (70, 2)
 
 
+@pytest.mark.slow
 def test_accumulation_skips_allreduce_on_micro_batches(tmp_path):
     (r0, r1), _ = launch(tmp_path, world=2, batch=2, accum=2)
     (single,), _ = launch(tmp_path, world=1, batch=4, accum=2)
@@ -101,6 +106,7 @@ def test_accumulation_skips_allreduce_on_micro_batches(tmp_path):
         torch.testing.assert_close(r0["params"][key], value, atol=1e-3, rtol=1e-3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["off", "bf16", "pure", "compensated"])
 def test_other_precisions_match_one_process(tmp_path, precision):
     (r0, r1), _ = launch(tmp_path, world=2, batch=4, accum=1, precision=precision)
@@ -121,6 +127,7 @@ def test_other_precisions_match_one_process(tmp_path, precision):
     assert repr(r0["history"]) == repr(r1["history"])
 
 
+@pytest.mark.slow
 def test_single_process_checkpoint_loads_into_a_distributed_run(runs, tmp_path):
     single_params = runs["dir"] / "fp16_params_world1.pt"
     saved = torch.load(single_params, weights_only=True)
@@ -174,6 +181,7 @@ def test_learnable_parameters_outside_module_with_ddp_are_an_error(monkeypatch):
         WithExtra(MLP).initialize()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["pure", "compensated"])
 def test_accumulation_with_low_precision_weights_keeps_ranks_identical(tmp_path, precision):
     """Under no_sync, gradients stay on the module until the boundary, where

@@ -99,6 +99,7 @@ def _state(net):
 # ---- ONNX -----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_onnx_float32_matches_predict_proba(trained, digits, ort, tmp_path):
     net, reference = trained
     X, _ = digits
@@ -117,6 +118,7 @@ def test_onnx_float32_matches_predict_proba(trained, digits, ort, tmp_path):
     assert all(p.requires_grad for p in net.module_.parameters())  # export works on a copy
 
 
+@pytest.mark.slow
 def test_onnx_float16_within_1e_2_and_same_classes(trained, digits, ort, tmp_path):
     import onnx
 
@@ -144,6 +146,7 @@ def test_onnx_bfloat16_is_refused_with_the_reason(trained, digits, tmp_path):
     assert not os.listdir(tmp_path)
 
 
+@pytest.mark.slow
 def test_onnx_operator_without_translation(digits, ort, tmp_path):
     net = AmpNetClassifier(Unsupported, verbose=0).initialize()
     with pytest.raises(ValueError, match=r"torch.onnx could not translate Unsupported to ONNX "
@@ -198,6 +201,7 @@ def test_batch_size_is_dynamic_from_a_one_row_example(trained, digits, tmp_path)
         np.testing.assert_allclose(module(torch.from_numpy(X[:n])).numpy(), reference[:n], atol=1e-5)
 
 
+@pytest.mark.slow
 def test_exported_files_run_without_ampnet_or_skorch_and_onnx_without_torch(trained, digits, ort, tmp_path):
     net, reference = trained
     X, _ = digits
@@ -235,15 +239,19 @@ def test_exported_files_run_without_ampnet_or_skorch_and_onnx_without_torch(trai
     (AmpNetClassifier, torch.nn.NLLLoss, 3, "identity"),      # the module's own output
     (AmpNet, torch.nn.CrossEntropyLoss, 3, "softmax"),
 ])
-def test_output_is_what_predict_proba_returns(cls, criterion, n_out, check, tmp_path):
+def test_output_is_what_predict_proba_returns(cls, criterion, n_out, check, tmp_path, device_dtype):
     torch.manual_seed(0)
     kwargs = {"criterion": criterion} if criterion else {}
     net = cls(torch.nn.Linear, module__in_features=5, module__out_features=n_out, verbose=0,
-              amp_enabled=True, amp_dtype="bfloat16", **kwargs).initialize()
+              **device_dtype.net_kwargs, **kwargs).initialize()
     X = np.random.RandomState(0).randn(9, 5).astype(np.float32)
     expected = copy.deepcopy(net).set_params(amp_enabled=False).predict_proba(X)
+    # the net itself predicts in its dtype: float32 values near the float32 computation
+    proba = net.predict_proba(X)
+    assert proba.dtype == np.float32
+    np.testing.assert_allclose(proba, expected, atol=device_dtype.atol)
     with torch.no_grad():
-        logits = net.module_(torch.from_numpy(X))
+        logits = net.module_(torch.from_numpy(X).to(net.device)).cpu()
     if check == "binary":
         assert expected.shape == (9, 2)
         np.testing.assert_allclose(expected[:, 1], torch.sigmoid(logits[:, 0]).numpy(), atol=1e-6)
@@ -251,8 +259,12 @@ def test_output_is_what_predict_proba_returns(cls, criterion, n_out, check, tmp_
         np.testing.assert_allclose(expected, torch.softmax(logits, -1).numpy(), atol=1e-6)
     else:
         np.testing.assert_allclose(expected, logits.numpy(), atol=1e-6)
+    # the file is exported from the float32 weights and computes in float32, whatever the net's
+    # precision, on the CPU whatever the net's device
     module = torch.export.load(net.export(tmp_path / "m.pt2", X[:2], format="torch.export")).module()
-    np.testing.assert_allclose(module(torch.from_numpy(X)).numpy(), expected, atol=1e-6)
+    out = module(torch.from_numpy(X))
+    assert out.dtype == torch.float32 and out.device.type == "cpu"
+    np.testing.assert_allclose(out.numpy(), expected, atol=1e-6)
 
 
 @pytest.mark.parametrize("params, low", [

@@ -36,6 +36,7 @@ import time
 import warnings
 
 import numpy as np
+import pytest
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -66,6 +67,7 @@ FILES = {
 }
 
 
+@pytest.mark.slow
 def test_fuzzed_checkpoints_load_or_are_refused_without_changing_the_net(tmp_path):
     result = tmp_path / "result.json"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONHASHSEED="0")

@@ -100,6 +100,7 @@ def run_notebook(name, tmp_path):
     return stream_text(nb)
 
 
+@pytest.mark.slow
 def test_quickstart(tmp_path):
     nb = run_with_nbconvert("01_quickstart.ipynb", tmp_path)
     text = stream_text(nb)
@@ -121,6 +122,7 @@ def test_quickstart(tmp_path):
     assert shown and all(w >= 600 and h >= 300 for w, h in shown), shown
 
 
+@pytest.mark.slow
 def test_precision_control(tmp_path):
     text = run_notebook("02_precision_control.ipynb", tmp_path)
     assert own_amp_warnings(text) == []  # it said: amp_dtype='bfloat16' has no effect

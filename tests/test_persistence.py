@@ -352,25 +352,33 @@ def test_checkpoints_save_scaler_rng_and_schedulers_by_default():
 
 class ScaleAtFirstEpoch(Callback):
     def initialize(self):
-        self.scale_ = None
+        self.scale_ = self.params_ = None
         return self
 
     def on_epoch_begin(self, net, **kwargs):
         if self.scale_ is None:
             self.scale_ = net.grad_scaler_.get_scale()
+            self.params_ = copy.deepcopy(net.module_.state_dict())
 
 
-def test_train_end_checkpoint_and_load_init_state_restore_the_scale(tmp_path, data):
+def test_train_end_checkpoint_and_load_init_state_restore_the_scale(tmp_path, data, device_dtype):
+    amp = device_dtype.net_kwargs
     torch.manual_seed(0)
-    net = tiny_net(callbacks=[TrainEndCheckpoint(dirname=str(tmp_path))])
+    net = tiny_net("off", callbacks=[TrainEndCheckpoint(dirname=str(tmp_path))], **amp)
     quietly(net.fit, *data)
     saved = torch.load(tmp_path / "train_end_grad_scaler.pt", weights_only=True)
-    assert saved["scale"] == net.grad_scaler_.get_scale() != INIT_SCALE
+    assert saved == net.grad_scaler_.state_dict()
+    if device_dtype.scaled:  # the scale moved (without loss scaling the state is empty)
+        assert saved["scale"] == net.grad_scaler_.get_scale() != INIT_SCALE
     probe = ScaleAtFirstEpoch()
-    resumed = tiny_net(callbacks=[LoadInitState(TrainEndCheckpoint(dirname=str(tmp_path))), probe])
+    torch.manual_seed(1)  # other initial weights: the checkpoint's replace them
+    resumed = tiny_net("off", callbacks=[LoadInitState(TrainEndCheckpoint(dirname=str(tmp_path))), probe],
+                       **amp)
     quietly(resumed.fit, *data)
-    assert probe.scale_ == saved["scale"]
+    assert probe.scale_ == net.grad_scaler_.get_scale()
+    assert differences(probe.params_, net.module_.state_dict()) == []
     assert len(resumed.history) == 2
+    assert resumed.precision_policy_ == net.precision_policy_
 
 
 def test_load_init_state_first_run_loads_nothing(tmp_path, data):

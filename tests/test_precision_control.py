@@ -303,6 +303,7 @@ def test_channels_last_strides_and_values(amp):
 # ---- compile ------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("level", ["mixed", "pure"])
 def test_compile_runs_autocast_inside_the_compiled_region(level, classifier_data):
     from torch._dynamo.utils import counters

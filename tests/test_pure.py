@@ -24,6 +24,7 @@ from precision_helpers import (
     digits_split,
     image_data,
 )
+from conftest import MLP, small_classifier
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:this CPU has no native bfloat16:ampnet.exceptions.AmpWarning"
@@ -253,6 +254,7 @@ def fp32_digits(digits):
     return {m: fit_digits(m, digits) for m in (DigitsMLP, DigitsCNN)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("module", [DigitsMLP, DigitsCNN], ids=["mlp", "cnn"])
 @pytest.mark.parametrize("level", ["mixed", "pure"])
 def test_digits_accuracy_within_one_point_of_fp32(module, level, digits, fp32_digits):
@@ -340,3 +342,16 @@ def test_convert_a_trimmed_net_keeps_no_masters(classifier_data):
     assert converted.amp_master_params_ is None and converted.optimizer_ is None
     assert converted.module_.embed.weight.dtype == BF16
     assert np.abs(converted.predict_proba(X) - net.predict_proba(X)).max() <= 2e-2
+
+
+def test_second_fit_with_a_module_instance_keeps_the_pure_layout(classifier_data):
+    X, y = classifier_data
+    torch.manual_seed(0)
+    net = small_classifier(module=MLP(), amp_enabled=True, amp_dtype="bfloat16", amp_level="pure")
+    for _ in range(2):
+        net.fit(X, y)
+        assert net.amp_layout_.low_precision_params == ("hidden.weight", "hidden.bias", "out.weight", "out.bias")
+        assert net.module_.hidden.weight.dtype == torch.bfloat16
+        assert set(net.amp_master_params_) == set(net.amp_layout_.low_precision_params)
+    net.set_params(amp_enabled=False)
+    assert net.module_.hidden.weight.dtype == torch.float32 and net.amp_master_params_ is None

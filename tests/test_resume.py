@@ -78,6 +78,7 @@ def test_reference_run_exercises_skips_and_held_scheduler(reference):
     assert 1.0 <= reference["grad_scaler"]["scale"] < 2.0**24  # backed off from init_scale
 
 
+@pytest.mark.slow
 def test_bitexact_resume_after_clean_stop(tmp_path, reference):
     cp = str(tmp_path / "cp")
     quietly(rs.run, cp, None, stop_after=STOP)
@@ -107,6 +108,7 @@ def kill_when_hanging(args, env=None):
     assert proc.returncode == -signal.SIGKILL
 
 
+@pytest.mark.slow
 def test_bitexact_resume_after_sigkill_mid_epoch(tmp_path, reference):
     cp, out = str(tmp_path / "cp"), str(tmp_path / "out")
     kill_when_hanging([cp, out, "--hang-epoch", str(STOP + 1)])
@@ -116,6 +118,7 @@ def test_bitexact_resume_after_sigkill_mid_epoch(tmp_path, reference):
     assert differences(final_state(out), reference) == []
 
 
+@pytest.mark.slow
 def test_rerunning_the_same_command_finishes_the_run(tmp_path, reference):
     """LoadInitState(cp, resume="total"): the README's promise, "run the same
     script again after a crash: it finishes the run"."""
@@ -235,6 +238,7 @@ def _loaded_marker(cp):
     return i
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(
     not hasattr(os, "fork") or not hasattr(signal, "SIGKILL"), reason="needs fork and SIGKILL"
 )

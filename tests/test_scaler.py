@@ -13,19 +13,20 @@ import torch
 
 from ampnet import GradScaler
 from ampnet.precision.scaler import validate_scaler_state
+from conftest import small_classifier
 
 
-def make_step(scaler, overflow, param=None, opt=None):
+def make_step(scaler, overflow, param=None, opt=None, device="cpu", dtype=torch.float32):
     """One scaled step; ``overflow`` puts an inf into the gradient."""
     if param is None:
-        param = torch.nn.Parameter(torch.ones(3))
+        param = torch.nn.Parameter(torch.ones(3, device=device, dtype=dtype))
         opt = torch.optim.SGD([param], lr=0.1)
     opt.zero_grad()
     loss = (param * 2.0).sum()
     if overflow:
         loss = loss * float("inf")
     scaler.scale(loss).backward()
-    scaler.unscale_(opt)
+    scaler.unscale_(opt, allow_fp16=param.dtype == torch.float16)  # as pure float16 training does
     skipped = scaler.found_inf(opt)  # the method, which reads the device
     scaler.step(opt)
     scaler.update()
@@ -94,18 +95,29 @@ def test_scaler_device_defaults_to_what_the_machine_has():
 # ---- the scale policy ----------------------------------------------------------
 
 
-def test_growth_after_growth_interval():
-    scaler = cpu_scaler(init_scale=2.0, growth_interval=2)
+def test_growth_after_growth_interval(device_dtype):
+    # the parameter (and so its gradient) in each dtype: pure training unscales those in place
+    scaler = GradScaler(device_dtype.device, init_scale=2.0, growth_interval=2)
     param = opt = None
     for _ in range(8):
-        skipped, param, opt = make_step(scaler, False, param, opt)
+        skipped, param, opt = make_step(scaler, False, param, opt, device_dtype.device, device_dtype.dtype)
         assert not skipped
     assert scaler.get_scale() == 32.0
+    assert param.dtype == param.grad.dtype == device_dtype.dtype
+    # the gradient was unscaled before each step: the same weights as 8 unscaled steps
+    assert torch.equal(param.grad, torch.full_like(param, 2.0))
+    ref = torch.nn.Parameter(torch.ones_like(param))
+    ref_opt = torch.optim.SGD([ref], lr=0.1)
+    for _ in range(8):
+        ref_opt.zero_grad()
+        (ref * 2.0).sum().backward()
+        ref_opt.step()
+    assert torch.equal(param.detach(), ref.detach())
 
 
-def test_backoff_and_skip_leave_weights_bitwise_unchanged():
-    scaler = cpu_scaler(init_scale=400.0)
-    param = torch.nn.Parameter(torch.ones(3))
+def test_backoff_and_skip_leave_weights_bitwise_unchanged(device_dtype):
+    scaler = GradScaler(device_dtype.device, init_scale=400.0)
+    param = torch.nn.Parameter(torch.ones(3, device=device_dtype.device, dtype=device_dtype.dtype))
     opt = torch.optim.SGD([param], lr=0.1)
     before = param.detach().clone()
     for _ in range(4):
@@ -386,3 +398,12 @@ def test_torch_cuda_amp_gradscaler_class_on_a_cuda_net():
         net = _net(grad_scaler=torch.cuda.amp.GradScaler, grad_scaler__init_scale=256.0, device="cuda",
                    amp_enabled=True, amp_dtype="float16").fit(*_net_data())
     assert net.grad_scaler_.is_enabled() and net.history[0, "batches", 0, "loss_scale"] == 256.0
+
+
+def test_changing_amp_level_keeps_the_loss_scale(classifier_data):
+    X, y = classifier_data
+    net = small_classifier(amp_enabled=True, amp_dtype="float16", grad_scaler__init_scale=256.0, grad_scaler__growth_interval=1).fit(X[:32], y[:32])
+    scale = net.grad_scaler_.get_scale()
+    assert scale != 256.0
+    net.set_params(amp_level="pure")
+    assert net.grad_scaler_.get_scale() == scale

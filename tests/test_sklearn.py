@@ -88,6 +88,7 @@ def test_cross_val_score(classifier_data):
     assert amp.shape == (2,) and amp.min() >= 0.8  # the task is learnable in bf16
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:float16 autocast on CPU:ampnet.exceptions.AmpWarning")
 def test_grid_search_over_amp_params_in_parallel(classifier_data):
     X, y = classifier_data

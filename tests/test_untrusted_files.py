@@ -447,6 +447,7 @@ def test_invalid_rng_field_is_refused_before_anything_changes(tmp_path, saved, c
     assert "No generator was changed" in str(info.value)
 
 
+@pytest.mark.slow
 def test_numpy_pos_out_of_range_does_not_crash_the_process(tmp_path):
     """numpy accepts pos > 624 and segfaults at the next draw; the load must
     refuse it (checked in a fresh process, whose exit code tells)."""
