@@ -6,10 +6,12 @@
 
 from ampnet.exceptions import AmpDivergenceError, AmpStateError, AmpWarning
 from ampnet.net import AmpNet, AmpNetBinaryClassifier, AmpNetClassifier, AmpNetMixin, AmpNetRegressor
-from ampnet.precision.policy import PrecisionPolicy, resolve_precision
-from ampnet.precision.scaler import GradScaler
+from ampnet.precision import PrecisionPolicy, resolve_precision
+from ampnet.precision import GradScaler
+from ampnet.plotting import plot_precision
 
-__version__ = "0.1.0"
+#: The package version; pyproject.toml reads it from here.
+__version__ = "0.3.0"
 
 __all__ = [
     "AmpNet",
@@ -23,5 +25,6 @@ __all__ = [
     "AmpWarning",
     "AmpDivergenceError",
     "AmpStateError",
+    "plot_precision",
     "__version__",
 ]

@@ -5,10 +5,25 @@ from __future__ import annotations
 __all__ = ["AMP_DOC", "amp_doc"]
 
 AMP_DOC = """
-    amp_enabled : bool (default=False)
-      Train and predict with automatic mixed precision. With False the net
+    amp_enabled : bool or 'auto' (default=False)
+      Train and predict with automatic mixed precision. ``'auto'``: at the
+      first fit, a short probe on the first training batch times float32
+      and the AMP settings that can pay off (mixed and pure precision,
+      channels_last for convolutional models) on copies of the module and
+      optimizer, and the net trains with the fastest healthy one; AMP only
+      when it beats float32 by more than 5%. The choice and the table are
+      the fitted attribute ``amp_autotune_`` (``AmpNet(**net.amp_autotune_.params)``
+      trains bitwise the same); other AMP settings narrow the candidates;
+      the probe's cost and settings (``amp_autotune__steps``, ``__warmup``,
+      ``__margin``, ``__min_cosine``, ``__timer``) are in
+      ``ampnet.precision.autotune``. With False the net
       trains as the skorch net it replaces, bitwise, except that a step
       with non-finite gradients is skipped (see ``amp_skip_nonfinite``).
+      With AMP on, a ``torch.optim`` optimizer whose kernel is not set
+      (``optimizer__fused``/``optimizer__foreach``) uses its fused kernel
+      where torch has one that works for the device and parameter dtype
+      (Adam, AdamW, SGD, Adagrad), else foreach
+      (``ampnet.precision.kernels``).
 
     amp_dtype : str or torch.dtype (default='auto')
       The low-precision dtype: ``'float16'`` (``'fp16'``, ``'half'``),
@@ -64,7 +79,15 @@ AMP_DOC = """
       ``dynamic``, ``enabled``). It is enabled for float16 only, unless
       ``grad_scaler__enabled`` says otherwise. ``torch.amp.GradScaler``
       works too (its own settings; no bounds or hysteresis; it costs a
-      second host read per step, for the new scale).
+      second host read per step, for the new scale). An instance is a
+      hyper-parameter: the net trains a copy on its own device (disabled,
+      with the instance's settings, where no loss scaling runs, so that
+      one net serves a grid over ``amp_enabled`` or ``amp_dtype``). A
+      float16 net refuses, with a ``ValueError`` at ``initialize()``, a
+      scaler that cannot scale on its device instead of training
+      unscaled: ``torch.amp.GradScaler('cuda')`` made on a machine
+      without CUDA (torch disabled it and dropped its settings), and the
+      CUDA-only ``torch.cuda.amp.GradScaler`` class on another device.
 
     gradient_accumulation_steps : int (default=1)
       Micro-batches whose gradients are summed before one optimizer step.

@@ -8,6 +8,8 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from ampnet.dtypes import LOW_PRECISION_DTYPES
+
 __all__ = ["map_tensors", "iter_tensors", "cast_floating", "has_nonfinite", "nonfinite_flag"]
 
 
@@ -37,10 +39,7 @@ def iter_tensors(obj: Any) -> Iterator[torch.Tensor]:
             yield from iter_tensors(value)
 
 
-_LOW = (torch.float16, torch.bfloat16)
-
-
-def cast_floating(obj: Any, dtype: torch.dtype, only: tuple = _LOW) -> Any:
+def cast_floating(obj: Any, dtype: torch.dtype, only: tuple = LOW_PRECISION_DTYPES) -> Any:
     """Cast the tensors of ``obj`` whose dtype is in ``only`` to ``dtype``."""
     return map_tensors(obj, lambda t: t.to(dtype) if t.dtype in only and t.dtype != dtype else t)
 

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ampnet.precision.policy import parse_amp_dtype
+from ampnet.precision import parse_amp_dtype
 
 if TYPE_CHECKING:
-    from ampnet.precision.memory import MemoryReport
+    from ampnet.precision import MemoryReport
 
 __all__ = ["ConversionMixin"]
 
@@ -116,7 +116,7 @@ class ConversionMixin:
           dicts, ``report.recommended_fp32_modules`` the modules it suggests
           for ``amp_fp32_modules``.
         """
-        from ampnet.precision.report import build_report
+        from ampnet.precision import build_report
 
         if not self.initialized_:
             self.initialize()
@@ -130,7 +130,7 @@ class ConversionMixin:
 
         Activations and the temporaries of a step are not counted; a tensor
         counts ``numel() * element_size()`` bytes. See
-        :mod:`ampnet.precision.memory`.
+        ``ampnet.precision.memory``.
 
         Returns
         -------
@@ -157,11 +157,11 @@ class ConversionMixin:
         dtype: str | torch.dtype | None = None,
     ) -> str:
         """Write the fitted net as a model that runs without ampnet or skorch
-        and returns what :meth:`predict_proba` returns (float32).
+        and returns what ``predict_proba`` returns (float32).
 
         The module is exported from its float32 weights (the masters in
         ``amp_level='pure'``), on the CPU, with a dynamic batch size; the net
-        is not changed. See :mod:`ampnet.export`.
+        is not changed. See ``ampnet.export``.
 
         Parameters
         ----------

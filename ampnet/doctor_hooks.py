@@ -18,19 +18,31 @@ Nothing that flows through the model changes: the wrappers return None, as
 the doctor's hooks do, so training is bitwise the same with or without the
 doctor. The net calls :func:`adapt_recording_hooks` at the start of every
 ``partial_fit`` (and so of every ``fit``) with AMP on.
+
+The doctor keeps each step's gradients in the order autograd delivered them
+(``get_param_names`` lists them reversed). Autocast casts a layer's
+parameters inside the layer's operator, and those casts change that order
+(``lin0.bias, lin0.weight`` where skorch lists ``lin0.weight, lin0.bias``).
+:class:`GradientOrder` reads the order float32 autograd would use from the
+graph of the first training batch (a parameter's gradient is ready when the
+node that consumes it, looking through the casts, has run: nodes run latest
+created first), and the gradient hooks keep each step's records in that
+order: the doctor lists parameters as skorch does without AMP.
 """
 
 from __future__ import annotations
 
 import functools
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
-__all__ = ["adapt_recording_hooks", "ActivationHook", "GradientHook"]
+from ampnet.dtypes import LOW_PRECISION_DTYPES
 
-_LOW = (torch.float16, torch.bfloat16)
+__all__ = ["adapt_recording_hooks", "ActivationHook", "GradientHook", "GradientOrder",
+           "float32_gradient_order"]
+
 
 
 def _doctor_functions() -> tuple[Callable | None, Callable | None]:
@@ -45,7 +57,7 @@ def _as_float32(obj: Any) -> Any:
     """Detached float32 copies of the low-precision tensors in ``obj``
     (walking tuples, lists and dicts as ``to_numpy`` does)."""
     if isinstance(obj, torch.Tensor):
-        return obj.detach().float() if obj.dtype in _LOW else obj
+        return obj.detach().float() if obj.dtype in LOW_PRECISION_DTYPES else obj
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):
         return type(obj)(*(_as_float32(o) for o in obj))
     if isinstance(obj, (tuple, list)):
@@ -73,6 +85,76 @@ class ActivationHook:
             self.hook(module, inputs, _as_float32(output))
 
 
+def _is_cast(node: Any) -> bool:
+    return type(node).__name__ == "ToCopyBackward0" and len(node.next_functions) == 1
+
+
+def float32_gradient_order(outputs: Any, params: dict[int, str]) -> list[str]:
+    """The names in ``params`` (``id(parameter) -> name``) in the order
+    float32 autograd delivers their gradients for the graph of ``outputs``.
+
+    A parameter's gradient is delivered as soon as the last node that
+    consumes it has run (its accumulation node has the highest priority);
+    nodes run latest created first, and the parameters of one node in the
+    order of its inputs. Autocast's casts (``ToCopyBackward0`` between a
+    node and a parameter) are looked through: without autocast the node
+    consumes the parameter itself.
+    """
+    roots = [t.grad_fn for t in _tensors(outputs) if t.grad_fn is not None]
+    keys: dict[str, tuple[int, int]] = {}
+    seen: set[int] = set()
+    stack = list(roots)
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        for index, (child, _) in enumerate(node.next_functions):
+            if child is None:
+                continue
+            target = child
+            while _is_cast(target) and not _is_cast(node):
+                target = target.next_functions[0][0]
+                if target is None:
+                    break
+            name = params.get(id(getattr(target, "variable", None)))
+            if name is not None and not _is_cast(node):
+                key = (-node._sequence_nr(), index)
+                # used twice: ready once its last (earliest created) consumer ran
+                keys[name] = max(keys.get(name, key), key)
+            stack.append(child)
+    return sorted(keys, key=keys.__getitem__)
+
+
+def _tensors(obj: Any) -> Iterator[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (tuple, list)):
+        for o in obj:
+            yield from _tensors(o)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            yield from _tensors(o)
+
+
+class GradientOrder:
+    """One-shot forward hook on a top-level module: the order of
+    :func:`float32_gradient_order` for the first training batch, shared by
+    the module's :class:`GradientHook` objects (``rank``: name -> position).
+    It removes itself after that batch."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        self.params = {id(p): n for n, p in module.named_parameters()}
+        self.rank: dict[str, int] = {}
+        self.handle = module.register_forward_hook(self)
+
+    def __call__(self, module: torch.nn.Module, inputs: Any, output: Any) -> None:
+        if not (module.training and torch.is_grad_enabled()):
+            return
+        self.rank = {n: i for i, n in enumerate(float32_gradient_order(output, self.params))}
+        self.handle.remove()
+
+
 class GradientHook:
     """Tensor hook that passes float32, unscaled gradients to a recording hook.
 
@@ -84,11 +166,15 @@ class GradientHook:
 
     net : ampnet net
       Whose ``grad_scaler_`` scaled the loss (held by a weak reference).
+
+    order : GradientOrder or None (default=None)
+      The float32 order in which the doctor's records of a step are kept.
     """
 
-    def __init__(self, hook: Callable, net: Any) -> None:
+    def __init__(self, hook: Callable, net: Any, order: GradientOrder | None = None) -> None:
         self.hook = hook
         self.net = weakref.ref(net)
+        self.order = order
 
     def __call__(self, grad: torch.Tensor) -> None:
         grad = grad.detach().float()
@@ -97,6 +183,21 @@ class GradientHook:
         if scaler is not None and scaler.is_enabled():
             grad = grad / scaler.get_scale()
         self.hook(grad)
+        if self.order is not None and self.order.rank:
+            self._reorder()
+
+    def _reorder(self) -> None:
+        """Keep the step's records (gradients, updates) in float32 order."""
+        rank, last = self.order.rank, len(self.order.rank)
+        for key in ("rec_grad", "rec_param_update"):
+            recs = getattr(self.hook, "keywords", {}).get(key)
+            if not recs:
+                continue
+            step = recs[-1]
+            items = sorted(step.items(), key=lambda item: rank.get(item[0], last))
+            if [k for k, _ in items] != list(step):
+                step.clear()
+                step.update(items)
 
 
 def _is_partial_of(hook: Any, func: Callable | None) -> bool:
@@ -130,10 +231,12 @@ def adapt_recording_hooks(net: Any) -> int:
                 if _is_partial_of(hook, activation_fn):
                     hooks[key] = ActivationHook(hook)
                     count += 1
+        order = None
         for param in top.parameters():
             hooks = param._backward_hooks
             for key, hook in list((hooks or {}).items()):
                 if _is_partial_of(hook, grad_fn):
-                    hooks[key] = GradientHook(hook, net)
+                    order = order or GradientOrder(top)
+                    hooks[key] = GradientHook(hook, net, order)
                     count += 1
     return count

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import sys
 import warnings
 
 from skorch.exceptions import SkorchException
+
+from ampnet.warning_site import recorded_site, user_frame, user_site
 
 __all__ = ["AmpWarning", "AmpDivergenceError", "AmpStateError", "amp_warn"]
 
@@ -26,32 +27,29 @@ class AmpStateError(SkorchException, RuntimeError):
     e.g. an unscaled ``loss.backward()`` while loss scaling is active."""
 
 
-#: Packages whose frames a warning looks past to find the user's call.
-_LIBRARIES = ("ampnet", "skorch", "torch", "sklearn", "joblib")
-
-
-def _library_dirs() -> tuple[str, ...]:
-    dirs = []
-    for name in _LIBRARIES:
-        path = getattr(sys.modules.get(name), "__file__", None)
-        if path:
-            dirs.append(os.path.dirname(os.path.abspath(path)) + os.sep)
-    return tuple(dirs)
-
-
 def amp_warn(message: str, category: type[Warning] = AmpWarning) -> None:
     """Warn with ``category``, attributed to the user's line.
 
     The warning points at the innermost frame outside ampnet, skorch, torch,
-    scikit-learn and joblib: the user's ``net.fit(X, y)``,
-    ``GridSearchCV(...).fit(X, y)`` or callback, wherever in the library the
-    condition was found. Where every frame is a library frame, it points at
-    the caller of this function.
+    scikit-learn, joblib and Python's standard library: the user's
+    ``net.fit(X, y)``, ``GridSearchCV(...).fit(X, y)`` or callback, wherever
+    in the library the condition was found. Where no frame of this thread is
+    the user's (a worker of a parallel search), it points at the user's line
+    in the main thread (joblib's threading backend), else at the line
+    recorded when the net was pickled to this process (loky's worker
+    processes: the user's ``search.fit(X, y)``, see
+    ``ampnet.warning_site``), else at the caller of this function.
     """
-    dirs = _library_dirs()
-    frame = sys._getframe(1)
-    level = 2  # the caller of amp_warn
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(dirs):
-        frame = frame.f_back
-        level += 1
-    warnings.warn(message, category, stacklevel=level if frame is not None else 2)
+    caller = sys._getframe(1)
+    frame, depth = user_frame(caller)
+    if frame is not None:
+        warnings.warn(message, category, stacklevel=depth + 2)
+        return
+    site = user_site() or recorded_site(caller)
+    if site is None:
+        warnings.warn(message, category, stacklevel=2)
+        return
+    # the registry of the calling module, as warnings.warn keeps one per module
+    registry = caller.f_globals.setdefault("__warningregistry__", {})
+    warnings.warn_explicit(message, category, site.filename, site.lineno,
+                           module=site.module, registry=registry)

@@ -16,7 +16,9 @@ buffers of their modules. Every module that owns floating parameters casts
 its floating inputs to its parameters' dtype (a forward pre-hook on the
 copy), so float32 islands compute in float32 inside a low-precision model.
 The model takes the input dtype of ``X_example`` (float32 for float
-features) and a batch dimension of any size.
+features) and a batch dimension of any size; an integer ``X_example`` is
+refused for a module that cannot compute on integers (its first layer is
+not an ``nn.Embedding`` or the like).
 
 Both formats go through :func:`torch.export.export`; ONNX is then
 translated by ``torch.onnx.export(..., dynamo=True)``, which needs the
@@ -28,9 +30,11 @@ from __future__ import annotations
 import contextlib
 import copy
 import importlib.util
+import io
 import logging
 import os
 import re
+import sys
 import warnings
 from typing import Any, Iterator
 
@@ -41,12 +45,13 @@ from skorch.classifier import NeuralNetBinaryClassifier
 from ampnet.io.atomic import atomic_write_group
 from ampnet.exceptions import AmpWarning, amp_warn
 from ampnet._tree import cast_floating
-from ampnet.precision.auto import remove_auto_hooks
-from ampnet.precision.component import Precision, module_root
-from ampnet.precision.masters import remove_state_hooks
-from ampnet.precision.policy import DTYPE_ALIASES, dtype_name
-from ampnet.precision.regions import remove_regions
-from ampnet.precision.settings import read_settings
+from ampnet.dtypes import LOW_PRECISION_DTYPES
+from ampnet.precision import remove_auto_hooks
+from ampnet.precision import Precision, module_root
+from ampnet.precision import remove_state_hooks
+from ampnet.precision import DTYPE_ALIASES, dtype_name
+from ampnet.precision import remove_regions
+from ampnet.precision import read_settings
 
 __all__ = ["export_net", "EXPORT_FORMATS", "PredictProbaModule"]
 
@@ -56,7 +61,7 @@ EXPORT_FORMATS = ("onnx", "torch.export")
 #: Names of the input and output of an exported ONNX model.
 ONNX_INPUT_NAME, ONNX_OUTPUT_NAME = "input", "output"
 
-_FLOATING = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_FLOATING = (*LOW_PRECISION_DTYPES, torch.float32, torch.float64)
 
 _DTYPES_TEXT = "None (float32), 'float16' (or 'fp16', 'half'), 'bfloat16' (or 'bf16')"
 
@@ -124,7 +129,7 @@ def _parse_dtype(dtype: Any) -> torch.dtype | None:
     name = dtype.strip().lower() if isinstance(dtype, str) else None
     if dtype is None or dtype is torch.float32 or name in ("float32", "fp32"):
         return None
-    if isinstance(dtype, torch.dtype) and dtype in (torch.float16, torch.bfloat16):
+    if isinstance(dtype, torch.dtype) and dtype in LOW_PRECISION_DTYPES:
         return dtype
     if name in DTYPE_ALIASES:
         return DTYPE_ALIASES[name]
@@ -141,7 +146,14 @@ def _check_path(path: Any) -> str:
             f"path must be a file name (str or os.PathLike); got {type(path).__name__}. "
             "Fix: pass e.g. 'model.onnx' or 'model.pt2'."
         )
-    return os.fspath(path)
+    path = os.fspath(path)
+    if os.path.basename(path) in ("", ".", "..") or (os.path.isdir(path) and not os.path.islink(path)):
+        raise ValueError(
+            f"path must name a file; got {path!r}, "
+            + ("a directory. " if path and os.path.isdir(path) else "which names no file. ")
+            + "Nothing was written. Fix: pass e.g. 'model.onnx' or os.path.join(folder, 'model.onnx')."
+        )
+    return path
 
 
 def _example_tensor(X_example: Any, dtype: torch.dtype) -> torch.Tensor:
@@ -267,6 +279,43 @@ def _quiet_exporter() -> Iterator[None]:
         logger.removeFilter(notice)
 
 
+class _HoldRecords(logging.Filter):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        self.records.append(record)
+        return False
+
+
+@contextlib.contextmanager
+def _held_torch_output() -> Iterator[None]:
+    """Hold what torch logs and prints to stderr while it traces: passed on
+    if the trace succeeds, dropped if it fails. A failed trace otherwise
+    prints torch's partial FX graph twice, and a warning from its shape
+    logger, before ampnet's error, which names the cause and chains torch's
+    exception. (The redirection of ``sys.stderr`` is process-wide, as
+    :func:`contextlib.redirect_stderr` is, for the duration of the trace.)"""
+    hold = _HoldRecords()
+    loggers = [logger for name, logger in list(logging.root.manager.loggerDict.items())
+               if isinstance(logger, logging.Logger) and (name == "torch" or name.startswith("torch."))]
+    for logger in loggers:
+        logger.addFilter(hold)
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(printed):
+            yield
+    finally:
+        for logger in loggers:
+            logger.removeFilter(hold)
+    # the trace succeeded: what torch said is passed on
+    for record in hold.records:
+        logging.getLogger(record.name).handle(record)
+    if printed.getvalue():
+        sys.stderr.write(printed.getvalue())
+
+
 def _root_cause(exc: BaseException) -> str:
     """The first line of the innermost chained exception (it names the
     operator or the line that failed)."""
@@ -279,10 +328,37 @@ def _root_cause(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[0] if lines else '(no message)'}"
 
 
+def _check_integer_example(wrapper: PredictProbaModule, x: torch.Tensor, module_name: str) -> None:
+    """An integer (or boolean) ``x`` is kept only for a module that computes
+    on it (e.g. an ``nn.Embedding`` first): a module that needs floating
+    features would be traced with an integer input that the ONNX file
+    cannot run. Runs the module once on ``x`` to find out.
+
+    Raises
+    ------
+    ValueError
+      For an integer ``x`` that the module cannot take.
+    """
+    if x.is_floating_point():
+        return
+    try:
+        with torch.no_grad():
+            wrapper(x)
+    except Exception as exc:  # whatever the forward raises on integers
+        dtype = str(x.dtype).replace("torch.", "")
+        raise ValueError(
+            f"X_example holds {dtype} values, but {module_name} fails on them "
+            f"({_root_cause(exc)}): it takes floating features, and predict_proba "
+            "would fail on this input too. The model takes the dtype of X_example. "
+            "Fix: pass X_example.astype(numpy.float32); the exported model then takes "
+            "float32 input."
+        ) from exc
+
+
 def _trace(wrapper: PredictProbaModule, x: torch.Tensor, module_name: str) -> Any:
     batch = torch.export.Dim("batch")
     try:
-        with _quiet_exporter():
+        with _quiet_exporter(), _held_torch_output():
             return torch.export.export(wrapper, (x,), dynamic_shapes={"x": {0: batch}})
     except Exception as exc:
         raise ValueError(
@@ -373,6 +449,7 @@ def export_net(
     wrapper = PredictProbaModule(
         module, nonlinearity, flatten=isinstance(net, NeuralNetBinaryClassifier)
     ).eval()
+    _check_integer_example(wrapper, x, module_name)
     program = _trace(wrapper, x, module_name)
     if format == "torch.export":
         def write(target: str) -> None:

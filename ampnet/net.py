@@ -16,6 +16,7 @@ Saving and loading live in :class:`ampnet.io.persistence.PersistenceMixin`.
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Iterator
 
 import torch
@@ -26,22 +27,31 @@ from skorch.regressor import NeuralNetRegressor
 
 from ampnet import step as steps
 from ampnet._docs import amp_doc
-from ampnet._tree import iter_tensors
 from ampnet.callbacks.checkpoint import epochs_to_run
 from ampnet.doctor_hooks import adapt_recording_hooks
 from ampnet.exceptions import amp_warn
+from ampnet.warning_site import SITE_ATTRIBUTE, user_site
+from ampnet.flight import nonfinite_loss_message
 from ampnet.net_repr import add_amp_params
+from ampnet.net_state import all_or_nothing
+from ampnet.output_checks import check_loss_inputs
 from ampnet.conversion import ConversionMixin
 from ampnet.io.persistence import PersistenceMixin
 from ampnet.parallel import Parallel, build_parallel
-from ampnet.precision.auto import resolve_auto_fp32
-from ampnet.precision.component import Precision, build_scaler
-from ampnet.precision.devices import check_device
-from ampnet.precision.no_effect import warn_ineffective_settings
-from ampnet.precision.plan import PrecisionLayout
-from ampnet.precision.policy import PrecisionPolicy
-from ampnet.precision.scaler import LIVE_SETTINGS, GradScaler
-from ampnet.precision.settings import PRECISION_PARAMS, read_settings
+from ampnet.precision import resolve_auto_fp32
+from ampnet.precision import (
+    AutotuneResult, autotune_settings, effective_params, is_auto, read_saved_choice, run_probe,
+)
+from ampnet.precision import Precision, build_scaler
+from ampnet.precision import COMPENSATION_KEY, compensation_of
+from ampnet.precision import check_device
+from ampnet.precision import autocast_dtype_error
+from ampnet.precision import kernel_defaults, keep_kernels
+from ampnet.precision import warn_ineffective_settings
+from ampnet.precision import PrecisionLayout
+from ampnet.precision import PrecisionPolicy
+from ampnet.precision import LIVE_SETTINGS, GradScaler
+from ampnet.precision import PRECISION_PARAMS, read_settings
 
 __all__ = ["AmpNetMixin", "AmpNet", "AmpNetClassifier", "AmpNetRegressor", "AmpNetBinaryClassifier"]
 
@@ -51,8 +61,16 @@ LAYOUT_PARAMS = frozenset({
     "memory_format",
 })
 
+#: Parameters that a fitted net stores for the next fit (no component is rebuilt).
+STORED_PREFIXES = ("iterator_train", "iterator_valid", "dataset")
+
 #: Parameters whose change rebuilds the loss scaler (besides non-live ``grad_scaler__*``).
 SCALER_PARAMS = frozenset({"amp_enabled", "amp_dtype", "device", "grad_scaler"})
+
+#: Parameters whose change drops the choice of ``amp_enabled='auto'`` (the next fit probes again).
+AUTOTUNE_INPUTS = frozenset({
+    "amp_enabled", "amp_dtype", "amp_level", "amp_master_weights", "memory_format", "device",
+})
 
 
 class AmpNetMixin(PersistenceMixin, ConversionMixin):
@@ -61,15 +79,17 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
     Adds the parameters described in :class:`AmpNet` and the fitted
     attributes ``precision_`` (with its read-only views
     ``precision_policy_``, ``grad_scaler_``, ``amp_layout_`` and
-    ``amp_master_params_``), ``parallel_`` and ``amp_step_state_``.
+    ``amp_master_params_``), ``parallel_``, ``amp_step_state_`` and, with
+    ``amp_enabled='auto'``, ``amp_autotune_``
+    (:class:`ampnet.precision.autotune.AutotuneResult`).
     """
 
-    prefixes_ = NeuralNet.prefixes_ + ["grad_scaler"]
+    prefixes_ = NeuralNet.prefixes_ + ["grad_scaler", "amp_autotune"]
 
     def __init__(
         self,
         *args: Any,
-        amp_enabled: bool = False,
+        amp_enabled: bool | str = False,
         amp_dtype: str | torch.dtype = "auto",
         amp_level: str = "mixed",
         amp_master_weights: bool | str = True,
@@ -129,22 +149,33 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
 
     # ---- initialization -------------------------------------------------
 
-    def _precision_params(self, **changes: Any) -> dict[str, Any]:
+    def precision_params(self, **changes: Any) -> dict[str, Any]:
+        """The precision parameters the net trains with, after ``changes``:
+        ``amp_enabled='auto'`` stands for its choice (float32 before it, or
+        when ``changes`` drop it; see :mod:`ampnet.precision.autotune`).
+
+        Part of the protocol that :mod:`ampnet.precision` calls on the net
+        (it calls no private method of the net); not a user API.
+        """
         params = {name: getattr(self, name) for name in PRECISION_PARAMS + steps.STEP_PARAMS}
         params.update({"grad_scaler__" + k: v for k, v in self.get_params_for("grad_scaler").items()})
         params.update(changes)
-        return params
+        choice = None if AUTOTUNE_INPUTS.intersection(changes) else self.__dict__.get("amp_autotune_")
+        return effective_params(params, choice)
 
     def initialize(self) -> "AmpNetMixin":
         """Check every AMP setting, then initialize skorch's components and
-        the precision, step and data-parallel components. A failure leaves
-        ``initialized_`` False."""
+        the precision, step and data-parallel components. All or nothing:
+        if anything fails, the net is left exactly as it was (an
+        initialized net keeps its module, optimizer and precision)."""
         check_device(self.device)
-        params = self._precision_params()
+        params = self.precision_params()
         settings = read_settings(params)
         steps.check_step_params(params)
-        was_initialized = self.initialized_
-        try:
+        if is_auto(self.amp_enabled):
+            autotune_settings(self.get_params_for("amp_autotune"))
+        with all_or_nothing(self):
+            was_initialized = self.initialized_
             with self._current_init_context("grad_scaler"):
                 kwargs = {"grad_scaler__" + k: v for k, v in self.get_params_for("grad_scaler").items()}
                 if was_initialized and self.verbose and kwargs:
@@ -162,16 +193,13 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
             self.amp_step_state_ = steps.StepState(closure=self._uses_closure())
             with self._current_init_context("parallel"):
                 self.parallel_ = build_parallel(self, self.amp_step_state_.closure)
-        except BaseException:
-            self.initialized_ = False
-            raise
         warn_ineffective_settings(self)
         return self
 
     def initialize_grad_scaler(self) -> "AmpNetMixin":
         """Build a new ``grad_scaler_`` from ``grad_scaler`` and the
         ``grad_scaler__*`` parameters (the scale restarts at ``init_scale``)."""
-        settings = read_settings(self._precision_params())
+        settings = read_settings(self.precision_params())
         self.precision_.scaler = build_scaler(settings)
         self.amp_step_state_.scale = None
         self.amp_step_state_.closure = self._uses_closure()
@@ -191,7 +219,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         super()._initialize_module(reason=reason)
         if prec is None:
             # skorch's _initialize_module() called on its own
-            prec = self.__dict__["precision_"] = Precision.build(read_settings(self._precision_params()))
+            prec = self.__dict__["precision_"] = Precision.build(read_settings(self.precision_params()))
         module = self.__dict__.get("module_")
         if isinstance(module, torch.nn.Module):
             prec.attach(module, trimmed=getattr(self, "_trimmed_for_prediction", False))
@@ -205,6 +233,18 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
                 "defaults, or name the main module 'module_'."
             )
         return self
+
+    def get_params_for_optimizer(self, prefix: str, named_parameters: Any) -> tuple[tuple, dict]:
+        """skorch's optimizer arguments; with AMP on, the optimizer's fused
+        kernel (else foreach) unless ``fused``/``foreach`` is set (see
+        ``ampnet.precision.kernels``)."""
+        args, kwargs = super().get_params_for_optimizer(prefix, named_parameters)
+        prec = self.__dict__.get("precision_")
+        if prec is not None and prec.enabled and args:
+            groups = args[0]
+            params = [p for g in groups for p in (g["params"] if isinstance(g, dict) else [g])]
+            kwargs = {**kwargs, **kernel_defaults(getattr(self, prefix, None), kwargs, params)}
+        return args, kwargs
 
     def _initialize_optimizer(self, reason: str | None = None) -> "AmpNetMixin":
         super()._initialize_optimizer(reason=reason)
@@ -224,65 +264,81 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         ``growth_interval``, ``min_scale``, ``max_scale`` and
         ``hysteresis`` change the live scaler; other scaler settings and the
         precision parameters rebuild it (and the module's precision layout,
-        keeping the trained weights) with skorch's re-init message. If
-        anything fails, the net is left as it was.
+        keeping the trained weights) with skorch's re-init message.
+        Optimizer settings (``lr``, ``optimizer__momentum``, ...) change the
+        live optimizer after the optimizer accepts them, and show in
+        ``get_params()``; ``iterator_*`` and ``dataset*`` settings apply
+        at the next fit. If anything fails, for any parameter, the net is
+        left exactly as it was (``ampnet.net_state``).
         """
         # grad_scaler and grad_scaler__* are ampnet's to handle: skorch would
         # treat the "grad_scaler" prefix as a module and refuse it
-        own = {k: v for k, v in kwargs.items() if k == "grad_scaler" or k.startswith("grad_scaler__")}
+        own = {k: v for k, v in kwargs.items()
+               if k == "grad_scaler" or k.startswith(("grad_scaler__", "amp_autotune__"))}
         others = {k: v for k, v in kwargs.items() if k not in own}
         if not self.initialized_:
-            super().set_params(**others)
-            self.__dict__.update(own)
+            with all_or_nothing(self):
+                super().set_params(**others)
+                self.__dict__.update(own)
             return self
         # every check first: nothing has changed when one refuses
         if "device" in kwargs:
             check_device(kwargs["device"])
-        params = self._precision_params(**kwargs)
+        params = self.precision_params(**kwargs)
         settings = read_settings(params)
         steps.check_step_params(params)
+        if is_auto(kwargs.get("amp_enabled", self.amp_enabled)):
+            autotune_settings({**self.get_params_for("amp_autotune"),
+                               **{k.split("__", 1)[1]: v for k, v in own.items() if k.startswith("amp_autotune__")}})
         new_optimizer = any(k.split("__")[0] in self._optimizers for k in kwargs)
         if not (getattr(self, "_trimmed_for_prediction", False) or new_optimizer):
             Precision(settings, self.precision_.scaler).check_optimizers(
                 [(n, getattr(self, n + "_")) for n in self._optimizers]
             )
-        saved, restore_live = dict(self.__dict__), self._snapshot_live_objects()
-        try:
+        # read at the next fit: skorch re-initializes nothing for them (and
+        # refuses them on an initialized net)
+        stored = {k: v for k, v in others.items() if k.startswith(STORED_PREFIXES)}
+        others = {k: v for k, v in others.items() if k not in stored}
+        with all_or_nothing(self):
+            if stored:
+                vars(self).update(stored)
+                self._params_to_validate.update(stored)
+                self._validate_params()
+            # kept as parameters (skorch's virtual setter forgets them), and
+            # before skorch's set_params, so that a re-initialized optimizer has them
+            vars(self).update(self._optimizer_settings(others))
             if others:
                 super().set_params(**others)
+            self._check_optimizers_accept(others)
             self.__dict__.update(own)
+            if AUTOTUNE_INPUTS.intersection(kwargs):
+                self.__dict__.pop("amp_autotune_", None)  # the next fit probes again
             self._apply_precision(settings, sorted(kwargs))
-        except BaseException:
-            restore_live()
-            self.__dict__.clear()
-            self.__dict__.update(saved)
-            raise
         return self
 
-    def _snapshot_live_objects(self):
-        """Undo for what ``set_params`` changes in place rather than
-        replacing: the live scaler's settings and scale, and the optimizers'
-        hyper-parameters (skorch's virtual parameters such as ``lr``)."""
-        scaler = self.precision_.scaler
-        scaler_state = dict(vars(scaler))
-        scale = scaler._scale.clone() if isinstance(getattr(scaler, "_scale", None), torch.Tensor) else None
-        groups = [
-            (group, dict(group))
-            for name in self._optimizers
-            if isinstance(getattr(self, name + "_", None), torch.optim.Optimizer)
-            for group in getattr(self, name + "_").param_groups
-        ]
+    def _optimizer_settings(self, changed: dict[str, Any]) -> dict[str, Any]:
+        """The ``<optimizer>__<name>`` settings among ``changed`` (not
+        ``lr``, which skorch keeps, nor ``param_groups__*``, which are
+        no constructor arguments)."""
+        return {k: v for k, v in changed.items()
+                if any(k.startswith(n + "__") and not k.startswith(n + "__param_groups__")
+                       for n in self._optimizers)}
 
-        def restore() -> None:
-            vars(scaler).clear()
-            vars(scaler).update(scaler_state)
-            if scale is not None:
-                scaler._scale.copy_(scale)
-            for group, values in groups:
-                group.clear()
-                group.update(values)
-
-        return restore
+    def _check_optimizers_accept(self, changed: dict[str, Any]) -> None:
+        """skorch sets optimizer settings (``lr``, ``optimizer__momentum``)
+        in the live optimizer's parameter groups without a check: build each
+        changed optimizer afresh, as ``initialize()`` would, so that an
+        invalid value raises."""
+        if getattr(self, "_trimmed_for_prediction", False):
+            return
+        for name in self._optimizers:
+            if not any(k.startswith(name + "__") or (k == "lr" and name == "optimizer") for k in changed):
+                continue
+            factory = getattr(self, name, None)
+            # a distributed optimizer (ZeroRedundancyOptimizer) talks to its peers when built
+            if callable(factory) and not getattr(factory, "__module__", "").startswith("torch.distributed"):
+                args, kwargs = self.get_params_for_optimizer(name, self.get_all_learnable_params())
+                factory(*args, **kwargs)
 
     def _apply_precision(self, settings: Any, changed: list[str]) -> None:
         """Bring ``precision_`` in line with ``settings`` after ``changed``
@@ -312,17 +368,21 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         if not getattr(self, "_trimmed_for_prediction", False):  # refuse before the module changes
             new.check_optimizers([(n, getattr(self, n + "_")) for n in self._optimizers])
         if relayout and isinstance(self.__dict__.get("module_"), torch.nn.Module):
-            self._relayout(prec, new, [k for k in changed if k in LAYOUT_PARAMS])
+            self.relayout_precision(prec, new, [k for k in changed if k in LAYOUT_PARAMS])
         else:
             new.layout, new.masters = prec.layout, prec.masters
         self.__dict__["precision_"] = new
         self.amp_step_state_.scale = None
         self.amp_step_state_.closure = self._uses_closure()
 
-    def _relayout(self, old: Precision, new: Precision, changed: list[str]) -> None:
+    def relayout_precision(self, old: Precision, new: Precision, changed: list[str]) -> None:
         """Move the fitted module to the new layout, keeping the weights; the
         optimizer is rebuilt (its state carried over where the parameters
-        line up) only when low-precision parameters are involved."""
+        line up) only when low-precision parameters are involved.
+
+        Part of the protocol that :mod:`ampnet.precision` calls on the net
+        (it calls no private method of the net); not a user API.
+        """
         trimmed = getattr(self, "_trimmed_for_prediction", False)
         optimizers = [] if trimmed else [getattr(self, n + "_") for n in self._optimizers]
         if not new.take_over(old, self.module_, trimmed, optimizers) or trimmed:
@@ -332,7 +392,8 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         self._initialize_optimizer(reason=self._format_reinit_msg("optimizer", dict.fromkeys(changed)))
         for name, state in states.items():
             try:
-                getattr(self, name + "_").load_state_dict(state)
+                optimizer = getattr(self, name + "_")
+                optimizer.load_state_dict(keep_kernels(optimizer, state))
             except ValueError as exc:
                 amp_warn(
                     f"The state of {name} could not be carried over after changing "
@@ -343,8 +404,11 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
     def partial_fit(self, X, y=None, classes=None, **fit_params):
         if not self.initialized_:
             self.initialize()
-        for notice in self.precision_policy_.notices:
-            amp_warn(notice)
+        # amp_enabled='auto', first fit only (skorch's fit() threads a routing flag through)
+        self._autotune(X, y, **{k: v for k, v in fit_params.items() if k != "_routing_method"})
+        if not is_auto(self.amp_enabled):  # 'auto' measured whether it pays off here
+            for notice in self.precision_policy_.notices:
+                amp_warn(notice)
         resolve_auto_fp32(self, X, y, **fit_params)  # amp_fp32_modules='auto', first fit only
         if self.precision_policy_.enabled:
             adapt_recording_hooks(self)  # skorch's SkorchDoctor records float32
@@ -365,6 +429,119 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         if training and iterator is not None and self.gradient_accumulation_steps > 1:
             iterator = steps.flag_last(iterator, self.amp_step_state_)
         return super().run_single_epoch(iterator, training, prefix, step_fn, **fit_params)
+
+    # ---- amp_enabled='auto' -------------------------------------------------
+
+    def _autotune(self, X: Any, y: Any = None, **fit_params: Any) -> None:
+        """Choose for ``amp_enabled='auto'`` once: a saved choice of the
+        checkpoint that ``LoadInitState`` resumes from, else the probe of
+        :mod:`ampnet.precision.autotune`; then train with it."""
+        if not is_auto(self.amp_enabled) or "amp_autotune_" in self.__dict__:
+            return
+        saved = self._resume_choice()
+        if saved is not None:
+            result = AutotuneResult(params=saved, device=str(self.device), source="loaded")
+        else:
+            result = run_probe(self, X, y, **fit_params)
+            if self.parallel_.world_size > 1:  # every rank trains with rank 0's choice
+                shared = [result]
+                torch.distributed.broadcast_object_list(shared, src=0)
+                result = shared[0]
+        self.adopt_autotune(result)
+        if self.verbose and result.source == "probe":
+            print(result, flush=True)
+
+    def _resume_choice(self) -> dict[str, Any] | None:
+        """The choice saved in the parameters of the checkpoint that a
+        ``LoadInitState`` callback will load, if any."""
+        from skorch.callbacks import LoadInitState as SkorchLoadInitState
+
+        from ampnet.io.files import checkpoint_files
+
+        for _, cb in self.callbacks_:
+            if not isinstance(cb, SkorchLoadInitState) or getattr(cb, "use_safetensors", False):
+                continue
+            try:
+                path = checkpoint_files(cb.checkpoint, self).get("f_params")
+                if path is None or not isinstance(path, (str, bytes)) and not hasattr(path, "__fspath__"):
+                    continue
+                state = torch.load(path, map_location="cpu", weights_only=True)
+            except Exception:  # no checkpoint yet, or one LoadInitState will refuse
+                continue
+            choice = read_saved_choice(state)
+            if choice is not None:
+                return choice
+        return None
+
+    def adopt_autotune(self, result: AutotuneResult, carry: bool = True) -> None:
+        """Train with ``result``'s choice from now on: the precision component,
+        the module's layout and the optimizers become those of a net built
+        with these settings (the optimizers' state carried over, with
+        ``carry``).
+
+        Part of the protocol that :mod:`ampnet.precision` calls on the net
+        (it calls no private method of the net); not a user API.
+        """
+        self.__dict__["amp_autotune_"] = result
+        settings = read_settings(self.precision_params())
+        old, new = self.precision_, Precision.build(settings)
+        trimmed = getattr(self, "_trimmed_for_prediction", False)
+        names = [n for n in self._optimizers if isinstance(self.__dict__.get(n + "_"), torch.optim.Optimizer)]
+        module = self.__dict__.get("module_")
+        # compensation buffers loaded into a float32 net's optimizer (load_params) stay the weights'
+        kept = compensation_of([getattr(self, n + "_") for n in names]) if carry and settings.compensated else {}
+        if isinstance(module, torch.nn.Module):
+            new.take_over(old, module, trimmed, [getattr(self, n + "_") for n in names])
+        states = {n: getattr(self, n + "_").state_dict() for n in names if carry and getattr(self, n + "_").state}
+        self.__dict__["precision_"] = new
+        if not trimmed:
+            with self._current_init_context("optimizer"):
+                self.initialize_optimizer()
+            new.check_optimizers([(n, getattr(self, n + "_")) for n in self._optimizers])
+            for name, state in states.items():
+                optimizer = getattr(self, name + "_")
+                try:
+                    optimizer.load_state_dict(keep_kernels(optimizer, state))
+                except ValueError as exc:
+                    amp_warn(f"The state of {name} could not be carried over to the settings of "
+                             f"amp_enabled='auto' ({exc}); it starts afresh.")
+            for name in self._optimizers if kept else ():
+                optimizer = getattr(self, name + "_")
+                for p in (p for group in optimizer.param_groups for p in group["params"]):
+                    if id(p) in kept and p in optimizer.state:
+                        optimizer.state[p][COMPENSATION_KEY] = kept[id(p)].to(p.dtype)
+        # a new step state, as initialize() builds; DDP re-wraps the module by itself
+        self.amp_step_state_ = steps.StepState(closure=self._uses_closure())
+
+    def autotune_copy(self, params: dict[str, Any]) -> "AmpNetMixin":
+        """A net that trains copies of this net's modules with ``params``
+        (for the probe): its own precision, optimizers, history and step
+        state, no callbacks, no data parallelism; this net is unchanged.
+
+        Part of the protocol that :mod:`ampnet.precision` calls on the net
+        (it calls no private method of the net); not a user API.
+        """
+        from skorch.history import History
+
+        from ampnet.precision import module_root
+
+        probe = object.__new__(type(self))
+        probe.__dict__.update(self.__dict__)
+        d = probe.__dict__
+        for name in [*self._modules, *self._criteria]:
+            obj = self.__dict__.get(name + "_")
+            if isinstance(obj, torch.nn.Module):
+                d[name + "_"] = copy.deepcopy(module_root(obj) if name == "module" else obj)
+        for name in self._optimizers:
+            d[name + "_"] = None
+        d.pop("amp_autotune_", None)
+        d.update(
+            precision_=copy.copy(self.precision_), virtual_params_=dict(self.virtual_params_),
+            history_=History(), callbacks_=[], verbose=0, parallel_=Parallel(), _trimmed_for_prediction=False,
+            gradient_accumulation_steps=1,  # every probe step is an optimizer step
+        )
+        probe.adopt_autotune(AutotuneResult(params=dict(params)), carry=False)
+        return probe
 
     # ---- the training step ----------------------------------------------
 
@@ -463,21 +640,26 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
             try:
                 return prec.convert_output(super().infer(x, **fit_params))
             except RuntimeError as exc:
-                text = str(exc)
-                if prec.enabled and ("dtype" in text or "scalar type" in text or "type (" in text):
-                    dtypes = [str(t.dtype) for t in iter_tensors(x)]
-                    raise TypeError(
-                        f"The module failed under {prec.policy.name} autocast with an input of "
-                        f"dtype {', '.join(dtypes) or type(x).__name__}: {text}. Fix: pass float32 "
-                        "features (e.g. X.astype(numpy.float32)); integer inputs only suit layers "
-                        "such as nn.Embedding."
-                    ) from exc
+                error = autocast_dtype_error(exc, x, self.__dict__.get("module_"), prec.policy.name)
+                if prec.enabled and error is not None:
+                    raise error from exc
                 raise
 
     def get_loss(self, y_pred, y_true, X=None, training=False):
-        """Loss in the precision context (from the float32 outputs of :meth:`infer`)."""
+        """Loss in the precision context (from the float32 outputs of :meth:`infer`).
+
+        On the first training batch of a fit, outputs and targets are
+        checked for two natural mistakes (logits with ``NLLLoss``, float
+        ``y`` for class indices; ``ampnet.output_checks``)."""
+        state = self.__dict__.get("amp_step_state_")
+        if training and state is not None and state.check_loss_inputs:
+            state.check_loss_inputs = False
+            check_loss_inputs(self, y_pred, y_true)
         with self.precision_.forward_context():
-            return super().get_loss(y_pred, y_true, X=X, training=training)
+            loss = super().get_loss(y_pred, y_true, X=X, training=training)
+        if not (isinstance(loss, torch.Tensor) and loss.is_floating_point()):
+            _refuse_loss(self, loss)
+        return loss
 
     # ---- epochs and callbacks -------------------------------------------
 
@@ -492,19 +674,27 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
             scaler.scaled_in_step = False
         state = self.amp_step_state_
         state.micro_batches = 0
+        state.check_loss_inputs = True
         state.scale = None
+        state.recorder = None  # an AmpMonitor among the callbacks attaches one
         steps.current_scale(self)  # before the first scale(): no read
 
     def on_epoch_begin(self, net, dataset_train=None, dataset_valid=None, **kwargs):
         super().on_epoch_begin(net, dataset_train=dataset_train, dataset_valid=dataset_valid, **kwargs)
         state = self.amp_step_state_
         state.micro_batches, state.epoch_skips, state.stepped_epoch = 0, 0, set()
-        state.bad_input = None
+        state.bad_input, state.losses = None, []
         self.parallel_.begin_epoch(len(self.history))
 
     def on_epoch_end(self, net, dataset_train=None, dataset_valid=None, **kwargs):
         super().on_epoch_end(net, dataset_train=dataset_train, dataset_valid=dataset_valid, **kwargs)
         steps.record_epoch(self)
+
+    def on_train_end(self, net, X=None, y=None, **kwargs):
+        super().on_train_end(net, X=X, y=y, **kwargs)
+        message = nonfinite_loss_message(self)  # the last epoch's training loss is NaN/inf
+        if message:
+            amp_warn(message)
 
     def notify(self, method_name: str, **cb_kwargs: Any) -> None:
         getattr(self, method_name)(self, **cb_kwargs)
@@ -524,6 +714,14 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
 
     # ---- pickling and trimming ---------------------------------------------
 
+    def __getstate__(self):
+        state = super().__getstate__()
+        # where the user sent this net from: a warning in a search's worker
+        # process, where no frame is the user's, points there
+        site = user_site()
+        state[SITE_ATTRIBUTE] = tuple(site) if site is not None else None
+        return state
+
     def __setstate__(self, state):
         super().__setstate__(state)
         # a net pickled on a GPU and loaded where there is none runs on the
@@ -538,15 +736,50 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         return add_amp_params(super().__repr__(), self)
 
     def trim_for_prediction(self):
-        """skorch's trim; the float32 master weights are dropped as well."""
-        super().trim_for_prediction()
+        """skorch's trim; the float32 master weights are dropped as well.
+
+        ``predict_proba``'s nonlinearity is kept: with
+        ``predict_nonlinearity='auto'`` skorch infers it from the criterion,
+        which the trim removes (softmax would silently become the identity,
+        for ``predict_proba`` and for :meth:`export`), so it is resolved
+        before the criterion goes.
+        """
+        if not getattr(self, "_trimmed_for_prediction", False):
+            self.check_is_fitted()
+            nonlinearity = self._get_predict_nonlinearity()
+            super().trim_for_prediction()
+            self._trimmed_nonlinearity = nonlinearity
         self.precision_.drop_masters(self.__dict__.get("module_"))
+
+    def _get_predict_nonlinearity(self):
+        kept = self.__dict__.get("_trimmed_nonlinearity")
+        if kept is not None and isinstance(self.predict_nonlinearity, str) \
+                and self.predict_nonlinearity == "auto":
+            return kept
+        return super()._get_predict_nonlinearity()
+
+
+def _refuse_loss(net: Any, loss: Any) -> None:
+    """Raise the TypeError for a criterion that returned no floating tensor."""
+    criterion = net.__dict__.get("criterion_")
+    if criterion is not None:
+        name = type(criterion).__name__
+    else:
+        name = getattr(getattr(net, "criterion", None), "__name__", "the criterion")
+    what = (f"a {type(loss).__name__} of {len(loss)}" if isinstance(loss, (tuple, list))
+            else f"a {loss.dtype} tensor" if isinstance(loss, torch.Tensor) else f"a {type(loss).__name__}")
+    raise TypeError(
+        f"The criterion {name} returned {what} ({str(loss)[:80]}), but get_loss must return "
+        "the loss as a floating tensor, which backward() differentiates. Fix: make the "
+        "criterion's forward return the loss tensor (e.g. 'return loss', not 'return loss, "
+        "parts'; torch operations, not Python numbers), or override get_loss to pick it."
+    )
 
 
 class AmpNet(AmpNetMixin, NeuralNet):
     __doc__ = (
         "skorch's :class:`skorch.NeuralNet` with automatic mixed precision.\n\n"
-        "    Everything skorch's net takes, plus the parameters below.\n"
+        "    Everything skorch's net takes, plus the parameters below.\n\n    "
         + amp_doc(NeuralNet.__doc__)
     )
 

@@ -34,10 +34,15 @@ __all__ = [
     "held_callbacks",
     "flag_last",
     "STEP_PARAMS",
+    "SKIP_CAUSES",
+    "skip_cause",
 ]
 
 #: Parameters of the training step.
 STEP_PARAMS = ("gradient_accumulation_steps", "amp_max_consecutive_skips")
+
+#: The values of a skipped batch's ``skip_cause`` (see ``skip_cause``).
+SKIP_CAUSES = ("overflow", "nonfinite_input", "nonfinite_loss")
 
 
 @dataclass
@@ -58,6 +63,9 @@ class StepState:
     bad_input: Any = None  # on the device: an earlier micro-batch of this group held NaN/inf
     stepped_batch: frozenset = field(default_factory=frozenset)
     stepped_epoch: set = field(default_factory=set)
+    losses: list = field(default_factory=list)  # the group's losses, read only when its step is skipped
+    recorder: Any = None  # ampnet.flight.FlightRecorder while an AmpMonitor watches the fit
+    check_loss_inputs: bool = True  # the fit's first training batch is checked (output_checks)
 
 
 def train_step(net: Any, batch: Any, **fit_params: Any) -> dict[str, Any]:
@@ -70,7 +78,8 @@ def train_step(net: Any, batch: Any, **fit_params: Any) -> dict[str, Any]:
     5. ``on_grad_computed`` callbacks see the true gradients;
     6. one host read decides; ``optimizer_step`` for each optimizer whose
        gradients are finite;
-    7. one scaler update; ``loss_scale`` and ``step_skipped`` into the history.
+    7. one scaler update; ``loss_scale`` and ``step_skipped`` into the
+       history, and a skipped step's ``skip_cause`` (``skip_cause()``).
     """
     prec, par, state = net.precision_, net.parallel_, net.amp_step_state_
     if state.closure:
@@ -87,6 +96,7 @@ def train_step(net: Any, batch: Any, **fit_params: Any) -> dict[str, Any]:
         step = net.train_step_single(batch, **fit_params)
     state.micro_batches += 1
     step = dict(step, loss=par.mean(step["loss"]))
+    state.losses.append(step["loss"].detach())
     if not boundary:
         if prec.scaling or prec.settings.skip_nonfinite:
             # bad data is told apart from an overflow when the step is skipped
@@ -119,6 +129,9 @@ def train_step(net: Any, batch: Any, **fit_params: Any) -> dict[str, Any]:
     state.micro_batches = 0
 
     # 5. callbacks see the true gradients
+    recorder = state.recorder  # ampnet.flight.FlightRecorder while an AmpMonitor watches
+    if recorder is not None:
+        recorder.grads_computed(active)
     net.notify(
         "on_grad_computed",
         named_parameters=TeeGenerator(net.get_all_learnable_params()),
@@ -129,10 +142,14 @@ def train_step(net: Any, batch: Any, **fit_params: Any) -> dict[str, Any]:
     # 6. the one host read, then step the optimizers with finite gradients
     decision = prec.decide(flags, len(active)) if active else None
     skipped = decision.skipped if decision else ()
+    if recorder is not None:
+        recorder.before_update(net, active, skipped)
     for (_, optimizer, _), skip in zip(active, skipped):
         if not skip:
             net.optimizer_step(optimizer)
     prec.after_step(module)
+    if recorder is not None:
+        recorder.after_update(net, active, skipped)
 
     # 7. one scaler update, then the history; every rank skips together
     # (gradients are synchronized), so par.any runs on all ranks or none
@@ -144,8 +161,25 @@ def train_step(net: Any, batch: Any, **fit_params: Any) -> dict[str, Any]:
     stepped = [name for (name, _, _), skip in zip(active, skipped) if not skip]
     state.stepped_batch = frozenset(stepped)
     state.stepped_epoch.update(stepped)
+    losses, state.losses = state.losses, []
+    if any(skipped):
+        cause = skip_cause(bad_data, losses)
+        net.history.record_batch("skip_cause", cause)
+        if recorder is not None:
+            recorder.skipped(net, batch, fit_params, cause, decision.scale_before)
     _record(net, skipped=any(skipped), bad_data=bad_data)
     return step
+
+
+def skip_cause(bad_data: bool, losses: list) -> str:
+    """Why a step was skipped: ``'nonfinite_input'`` (its batch held NaN or
+    inf), ``'nonfinite_loss'`` (a loss of its micro-batches was NaN or inf:
+    the forward pass already went non-finite) or ``'overflow'`` (finite data
+    and loss, non-finite gradients: the backward pass overflowed). Reads the
+    losses only here, on a skipped step."""
+    if bad_data:
+        return "nonfinite_input"
+    return "nonfinite_loss" if has_nonfinite(losses) else "overflow"
 
 
 def _optimizers_with_grads(net: Any) -> list[tuple[str, torch.optim.Optimizer, list]]:

@@ -62,10 +62,10 @@ class BenchConfig:
       torch intra-op threads.
 
     optimizer : str
-      A key of :data:`OPTIMIZERS`.
+      A key of ``OPTIMIZERS``.
 
     lr : float or None
-      Learning rate; None takes the optimizer's default from :data:`OPTIMIZERS`.
+      Learning rate; None takes the optimizer's default from ``OPTIMIZERS``.
 
     seed : int
       Seed of data, weights and shuffling.
@@ -77,13 +77,13 @@ class BenchConfig:
       every contender (no per-sample collation).
 
     memory : str
-      A key of :data:`MEMORY_METHODS`.
+      A key of ``MEMORY_METHODS``.
 
     contenders : tuple of str or None
       Contender keys to run; None runs all.
 
     isolation : str
-      A key of :data:`ISOLATION`: ``'process'`` runs every run (one
+      A key of ``ISOLATION``: ``'process'`` runs every run (one
       contender, one round) in a fresh Python process, so that a process's
       allocator state does not follow a contender through all its rounds;
       ``'inprocess'`` runs them all in this process; ``'auto'``: inprocess

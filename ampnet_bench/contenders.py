@@ -81,7 +81,13 @@ class Contender:
       AmpNet's ``amp_skip_nonfinite`` (the non-finite gradient guard).
 
     fused : bool
-      AmpNet's optimizer with ``optimizer__fused=True``.
+      The optimizer with ``fused=True`` (AmpNet: ``optimizer__fused=True``;
+      the raw loop: its optimizer built so).
+
+    auto : bool
+      AmpNet with ``amp_enabled='auto'``: its probe's wall time
+      (``amp_autotune_.probe_s``) is spread over the measured epochs, so the
+      epoch times include it.
 
     control_of : str or None
       Key of the contender this one repeats exactly (the A/A control).
@@ -96,6 +102,7 @@ class Contender:
     skip_nonfinite: bool = True
     fused: bool = False
     control_of: str | None = None
+    auto: bool = False
 
 
 #: All contenders, in the order they run within a round.
@@ -104,6 +111,8 @@ CONTENDERS: tuple[Contender, ...] = (
     Contender("raw-amp", "PyTorch loop, autocast", "raw", True),
     Contender("raw-amp-aa", "PyTorch loop, autocast, again (A/A control)", "raw", True,
               control_of="raw-amp"),
+    Contender("raw-amp-fused", "PyTorch loop, autocast, fused optimizer (the best hand-written loop)",
+              "raw", True, fused=True),
     Contender("skorch-fp32", "skorch NeuralNetClassifier, float32", "skorch", False),
     Contender("ampnet-fp32", "AmpNet, amp_enabled=False", "ampnet", False),
     Contender("ampnet-mixed", "AmpNet, amp_level='mixed'", "ampnet", True, "mixed"),
@@ -119,6 +128,7 @@ CONTENDERS: tuple[Contender, ...] = (
     Contender("ampnet-pure-comp-fused",
               "AmpNet, amp_level='pure', amp_master_weights='compensated', optimizer__fused=True",
               "ampnet", True, "pure", "compensated", fused=True),
+    Contender("ampnet-auto", "AmpNet, amp_enabled='auto' (its probe included)", "ampnet", True, auto=True),
     Contender("skorch-accelerate",
               "skorch + accelerate (AccelerateMixin, Accelerator(mixed_precision='bf16'|'fp16'))",
               "accelerate", True),
@@ -327,6 +337,8 @@ def _raw_train(
     per-batch host sync); its mean over the last epoch is the final loss."""
     model = wl.build_module(cfg.seed).to(cfg.device)
     opt_cls, opt_kwargs = cfg.optimizer_spec()
+    if contender.fused:
+        opt_kwargs["fused"] = True
     optimizer = opt_cls(model.parameters(), **opt_kwargs)
     criterion = nn.CrossEntropyLoss()
     scaler = torch.amp.GradScaler(
@@ -386,11 +398,15 @@ def _make_net(
         return NeuralNetClassifier(**params)
     if contender.framework == "accelerate":
         return _accelerated_net(cfg, params)
-    # AMP settings only where AMP is on (with AMP off they would have no effect)
+    # AMP settings only where AMP is on (with AMP off they would have no effect); 'auto'
+    # measures with the benchmark's dtype and otherwise AmpNet's defaults
     amp = dict(amp_dtype=cfg.dtype, amp_level=contender.level,
                amp_master_weights=contender.master_weights) if contender.amp else {}
+    if contender.auto:
+        amp = dict(amp_dtype=cfg.dtype)
     return AmpNetClassifier(
-        amp_enabled=contender.amp, amp_skip_nonfinite=contender.skip_nonfinite, **amp, **params
+        amp_enabled="auto" if contender.auto else contender.amp,
+        amp_skip_nonfinite=contender.skip_nonfinite, **amp, **params
     )
 
 
@@ -417,7 +433,7 @@ def _no_print(*args: Any, **kwargs: Any) -> None:
 
 
 def _state_bytes(module: nn.Module, optimizers: list[torch.optim.Optimizer]) -> dict[str, Any]:
-    from ampnet.precision.memory import measure_memory
+    from ampnet.precision import measure_memory
 
     return measure_memory(module, None, optimizers, "as stored").to_dict()
 
@@ -573,8 +589,13 @@ def run_contender(
                 proba = net.predict_proba(data.X_eval)
             accuracy = _loss_and_accuracy(proba, data.y_eval)[1]
     messages = list(dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught))
+    measured = times[cfg.warmup :]
+    if contender.auto and wl.task != "predict" and measured:
+        # the probe ran once, before the first epoch: its cost, spread over the measured epochs
+        probe_s = net.amp_autotune_.probe_s
+        measured = [t + probe_s / len(measured) for t in measured]
     return RunOutcome(
-        epoch_times=times[cfg.warmup :],
+        epoch_times=measured,
         final_loss=loss,
         accuracy=accuracy,
         param_dtypes=_param_dtypes(module),

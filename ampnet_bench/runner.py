@@ -121,6 +121,22 @@ COMPARISONS: tuple[Comparison, ...] = (
     Comparison("mixed_fused_vs_fastest_peer",
                "AmpNet mixed, fused: speed-up over the fastest peer (AMP loop, skorch + accelerate, Lightning)",
                "ampnet-mixed-fused", PEERS, "speedup"),
+    Comparison("raw_amp_fused_vs_raw_amp", "PyTorch AMP loop with a fused optimizer time / PyTorch AMP loop time",
+               "raw-amp-fused", "raw-amp", "time_ratio"),
+    Comparison("ampnet_mixed_vs_best_loop",
+               "AmpNet mixed (default settings) time / best hand-written loop (autocast + fused optimizer) time",
+               "ampnet-mixed", "raw-amp-fused", "time_ratio"),
+    Comparison("ampnet_mixed_vs_fastest_peer",
+               "AmpNet mixed (default settings): speed-up over the fastest peer (AMP loop, skorch + accelerate, "
+               "Lightning)", "ampnet-mixed", PEERS, "speedup"),
+    Comparison("ampnet_auto_vs_best_loop",
+               "AmpNet auto (probe included) time / best hand-written loop (autocast + fused optimizer) time",
+               "ampnet-auto", "raw-amp-fused", "time_ratio"),
+    Comparison("ampnet_auto_vs_fastest_peer",
+               "AmpNet auto (probe included): speed-up over the fastest peer (AMP loop, skorch + accelerate, "
+               "Lightning)", "ampnet-auto", PEERS, "speedup"),
+    Comparison("ampnet_auto_vs_fp32", "AmpNet auto (probe included) time / AmpNet fp32 time",
+               "ampnet-auto", "ampnet-fp32", "time_ratio"),
 )
 
 

@@ -321,6 +321,12 @@ _PURE_VS_MIXED = Target("pure_vs_mixed", "<", 1.0)
 #: fused CPU SGD with bf16 weights, the comparison has no median and is not judged).
 _BEST_VS_PEERS = Target("pure_comp_fused_vs_fastest_peer", ">=", 1.15)
 _COMP_VS_MIXED = Target("pure_comp_vs_mixed", "<=", 0.90)
+#: Issue 20's targets: AmpNet with AMP on and default settings, and amp_enabled='auto' (its
+#: probe included), at least 1.3x the fastest peer and at least 0.97x the best hand-written loop.
+_FAST_DEFAULTS = (
+    Target("ampnet_mixed_vs_fastest_peer", ">=", 1.3), Target("ampnet_mixed_vs_best_loop", "<=", 1 / 0.97),
+    Target("ampnet_auto_vs_fastest_peer", ">=", 1.3), Target("ampnet_auto_vs_best_loop", "<=", 1 / 0.97),
+)
 
 
 def get_workload(
@@ -364,7 +370,7 @@ def get_workload(
                 _cluster_data, n_features=sizes[0], n_classes=sizes[-1]
             ),
             targets=(Target("ampnet_mixed_speedup", ">=", 2.0), _AMP_VS_RAW, _PURE_VS_MIXED,
-                     _BEST_VS_PEERS, _COMP_VS_MIXED),
+                     _BEST_VS_PEERS, _COMP_VS_MIXED, *_FAST_DEFAULTS),
         )
     elif name == "cnn":
         size = 16 if quick else 64

@@ -72,7 +72,9 @@ def test_auto_keeps_the_overflowing_layer_in_float32(data):
     accuracy = (auto.predict(X) == y).mean()
     assert abs(accuracy - (fp32.predict(X) == y).mean()) <= 0.005 and accuracy > 0.9
     # without it, every step overflows and the scale collapses to its minimum
-    plain = make(**FP16, amp_max_consecutive_skips=None, grad_scaler__init_scale=256.0).fit(X, y)
+    plain = make(**FP16, amp_max_consecutive_skips=None, grad_scaler__init_scale=256.0)
+    with pytest.warns(AmpWarning, match=r"non-finite training loss.*float16 overflow.*amp_fp32_modules"):
+        plain.fit(X, y)
     assert plain.history[:, "skipped_steps"] == [8, 8, 8, 8]
     assert plain.history[-1, "loss_scale"] == plain.grad_scaler_.get_settings()["min_scale"] == 1.0
 
@@ -226,3 +228,49 @@ def test_auto_choice_is_probed_again_after_a_dtype_change():
         net.partial_fit(X, y)
         fresh = small_classifier(module=Overflowing, amp_fp32_modules="auto", amp_enabled=True, amp_dtype="float16").fit(X, y)
     assert net.amp_layout_.auto_fp32_modules == fresh.amp_layout_.auto_fp32_modules == ("big",)
+
+
+# ---- with skorch's default train_split (ValidSplit) ---------------------------------------
+
+
+def default_split(**kw):
+    """``make`` with skorch's default ``train_split`` (``ValidSplit(5)``)."""
+    net = make(**kw)
+    net.set_params(train_split=AmpNetClassifier(Overflowing).train_split)
+    return net
+
+
+def test_default_valid_split_probes_the_training_part(data):
+    X, y = data
+    FirstInput.seen = None
+    net = default_split(module=FirstInput, **FP16, amp_fp32_modules="auto", max_epochs=1)
+    net.fit(X, y)  # skorch 1.4 passes _routing_method: not a train_split argument
+    assert net.amp_layout_.auto_fp32_modules == ("big",)
+    assert net.history[-1, "skipped_steps"] == 0 and np.isfinite(net.history[-1, "valid_loss"])
+    train, valid = net.get_split_datasets(X, y)
+    assert len(valid) == 80
+    first = torch.as_tensor(np.stack([train[i][0] for i in range(50)]))
+    torch.testing.assert_close(FirstInput.seen, first)  # the probe's batch: the training part's first rows
+
+
+def test_default_valid_split_with_metadata_routing(data):
+    import sklearn
+
+    X, y = data
+    with sklearn.config_context(enable_metadata_routing=True):
+        net = default_split(**FP16, amp_fp32_modules="auto", max_epochs=1).fit(X[:200], y[:200])
+    assert net.amp_layout_.auto_fp32_modules == ("big",)
+
+
+def test_auto_in_grid_search_over_a_pipeline_with_the_default_split(data):
+    from sklearn.model_selection import GridSearchCV
+    from sklearn.pipeline import Pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    X, y = data
+    net = default_split(**FP16, amp_fp32_modules="auto", max_epochs=1)
+    pipe = Pipeline([("scale", StandardScaler()), ("net", net)])
+    search = GridSearchCV(pipe, {"net__lr": [0.05, 0.1]}, cv=2, error_score="raise").fit(X[:200], y[:200])
+    fitted = search.best_estimator_.named_steps["net"]
+    assert fitted.amp_layout_.auto_fp32_modules == ("big",)
+    assert np.isfinite(search.cv_results_["mean_test_score"]).all()

@@ -392,3 +392,65 @@ def test_benchmark_is_not_part_of_the_core_package():
                                capture_output=True, text=True, check=True).stdout
     assert help_text.startswith("usage: python -m ampnet.benchmark")
     assert "--isolation" in help_text
+
+
+# ---- issue 20's contenders: the best hand-written loop and AmpNet auto ----------------------
+
+
+def _tiny(contenders):
+    cfg = BenchConfig(workloads=("overhead",), quick=True, rounds=1, epochs=2, warmup=1, n_samples=256,
+                      batching="tensors", optimizer="adamw", contenders=contenders)
+    wl = cfg.workload("overhead")
+    return cfg, wl, wl.make_data(cfg.seed)
+
+
+def _contender(key):
+    return next(c for c in runner.CONTENDERS if c.key == key)
+
+
+def test_best_loop_steps_a_fused_optimizer_under_autocast():
+    from ampnet_bench import contenders
+
+    cfg, wl, data = _tiny(("raw-amp-fused",))
+    times, loss, model, optimizer = contenders._raw_train(_contender("raw-amp-fused"), wl, data, cfg, epochs=1)
+    assert optimizer.defaults["fused"] is True
+    assert len(times) == 1 and _positive(times[0]) and math.isfinite(loss)
+    _, _, _, plain = contenders._raw_train(_contender("raw-amp"), wl, data, cfg, epochs=1)
+    assert plain.defaults["fused"] is None  # the default loop keeps torch's default kernel
+
+
+def test_ampnet_auto_contender_includes_its_probe(monkeypatch):
+    from ampnet.precision import autotune
+    from ampnet_bench import contenders
+
+    real = autotune.run_probe
+
+    def slow_probe(*args, **kwargs):
+        result = real(*args, **kwargs)
+        result.probe_s = 100.0  # a probe of 100 s: 50 s in each of the 2 measured epochs
+        return result
+
+    monkeypatch.setattr("ampnet.net.run_probe", slow_probe)
+    cfg, wl, data = _tiny(("ampnet-auto",))
+    outcome = contenders.run_contender(_contender("ampnet-auto"), wl, data, cfg)
+    assert len(outcome.epoch_times) == 2 and all(50.0 < t < 60.0 for t in outcome.epoch_times)
+    assert math.isfinite(outcome.final_loss)
+    assert not [w for w in outcome.warnings if "no effect" in w]
+
+
+def test_new_comparisons_and_their_targets():
+    comps = {c.key: c for c in runner.COMPARISONS}
+    assert (comps["ampnet_auto_vs_best_loop"].a, comps["ampnet_auto_vs_best_loop"].b) == ("ampnet-auto", "raw-amp-fused")
+    assert comps["ampnet_mixed_vs_best_loop"].b == "raw-amp-fused"
+    assert comps["ampnet_auto_vs_fastest_peer"].b == runner.PEERS and "raw-amp-fused" not in runner.PEERS
+    wl = BenchConfig(workloads=("mlp",)).workload("mlp")
+    records = {k: runner._Record(_contender(k)) for k in ("ampnet-auto", "raw-amp-fused", *runner.PEERS)}
+    for key, times in {"ampnet-auto": [1.0, 1.0], "raw-amp-fused": [1.02, 0.99], "raw-amp": [1.5, 1.4],
+                       "skorch-accelerate": [1.6, 1.5], "lightning": [1.7, 1.6]}.items():
+        records[key].round_times = times
+    full = {c["key"]: c for c in runner._comparisons(records, wl, 2)}
+    assert full["ampnet_auto_vs_best_loop"]["median"] == pytest.approx((1 / 1.02 + 1 / 0.99) / 2)
+    assert full["ampnet_auto_vs_best_loop"]["met"] is True
+    # the fastest peer per round: 1.5 and 1.4 s
+    assert full["ampnet_auto_vs_fastest_peer"]["median"] == pytest.approx(1.45)
+    assert full["ampnet_auto_vs_fastest_peer"]["target"] == ">= 1.3" and full["ampnet_auto_vs_fastest_peer"]["met"]

@@ -19,12 +19,12 @@ LOW = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 class ConvNet(torch.nn.Module):
     """A convolution (4-D weights, for memory_format), a norm layer and a head."""
 
-    def __init__(self):
+    def __init__(self, hidden=8):
         super().__init__()
         self.conv = torch.nn.Conv2d(1, 4, 3, padding=1)
         self.norm = torch.nn.LayerNorm(4 * 4 * 4)
-        self.hidden = torch.nn.Linear(4 * 4 * 4, 8)
-        self.out = torch.nn.Linear(8, 2)
+        self.hidden = torch.nn.Linear(4 * 4 * 4, hidden)
+        self.out = torch.nn.Linear(hidden, 2)
 
     def forward(self, X):
         h = self.norm(torch.relu(self.conv(X)).flatten(1))
@@ -74,7 +74,8 @@ def test_every_case_trains_with_the_policy_it_asks_for(precision_case, images):
 
 # ---- set_params on a fitted net equals constructing with the same parameters ------------
 
-#: Values each AMP parameter may take, valid and invalid.
+#: Values each parameter may take, valid and invalid, from every family: AMP,
+#: module__*, optimizer__* (and lr), criterion__*, callbacks__*, iterator_*, device.
 CHOICES = {
     "amp_enabled": [False, True, np.True_, "yes"],
     "amp_dtype": ["bfloat16", "float16", "auto", "bf16", torch.float16, "float32"],
@@ -89,7 +90,27 @@ CHOICES = {
     "grad_scaler__enabled": [True, False],
     "gradient_accumulation_steps": [1, 2, 0],
     "amp_max_consecutive_skips": [None, 5],
+    "module__hidden": [8, 12, "bad"],
+    "optimizer__momentum": [0.0, 0.9, -1.0],
+    "optimizer__nesterov": ["maybe"],  # refused by SGD: nesterov needs momentum > 0
+    "lr": [0.05, 0.1, -1.0],
+    "criterion__label_smoothing": [0.0, 0.1],
+    "criterion__smoothing": [0.1],  # no such argument
+    "callbacks__print_log__floatfmt": [".3f", ".5f"],
+    "callbacks__print_log__no_such_setting": [1],
+    "callbacks__no_such_callback__x": [1],
+    "iterator_train__shuffle": [True, False],
+    "iterator_train__batch_size": [8, 16],
+    "iterator_train_shuffle": [True],  # a typo skorch refuses
+    "device": ["cpu", torch.device("cpu"), "gpu", "cuda:7"],
 }
+
+
+def _groups(net):
+    """The optimizer's hyper-parameters by group; not its kernel (``fused``/``foreach``),
+    which ampnet picks for AMP and documents as no part of the state (ampnet.precision.kernels)."""
+    return [{k: v for k, v in g.items() if k not in ("params", "fused", "foreach")}
+            for g in net.optimizer_.param_groups]
 
 
 def _observed(net):
@@ -105,11 +126,70 @@ def _observed(net):
         channels_last=net.module_.conv.weight.is_contiguous(memory_format=torch.channels_last),
         masters=sorted(net.amp_master_params_ or ()),
         closure=net.amp_step_state_.closure,
+        groups=_groups(net),
+        smoothing=net.criterion_.label_smoothing,
+        floatfmt=dict(net.callbacks_)["print_log"].floatfmt,
     )
+
+
+def _hooks(net):
+    """Every hook on every submodule, by module name and hook kind."""
+    return {
+        (name, kind): list(getattr(m, kind).values())
+        for name, m in net.module_.named_modules()
+        for kind in ("_forward_hooks", "_forward_pre_hooks", "_state_dict_hooks", "_load_state_dict_pre_hooks")
+    }
+
+
+def _optimizer_state(net):
+    state = net.optimizer_.state_dict()
+    return {k: {n: v.clone() if isinstance(v, torch.Tensor) else v for n, v in s.items()}
+            for k, s in state["state"].items()}, state["param_groups"]
+
+
+def _untouched(net):
+    """Everything a refused ``set_params`` or ``initialize`` must leave as it was."""
+    return dict(
+        observed=_observed(net),
+        params=net.get_params(deep=False),
+        initialized=net.initialized_,
+        parts=[id(net.__dict__.get(n)) for n in ("module_", "criterion_", "optimizer_", "precision_",
+                                                 "amp_step_state_", "parallel_", "history_")],
+        callbacks=[(name, id(cb), dict(vars(cb))) for name, cb in net.callbacks_],
+        hooks=_hooks(net),
+        scale=net.grad_scaler_.get_scale(),
+    )
+
+
+def _assert_untouched(net, before, weights, optimizer_state):
+    assert _untouched(net) == before
+    after = _weights(net)
+    assert after.keys() == weights.keys() and all(torch.equal(after[k], weights[k]) for k in weights)
+    state, groups = _optimizer_state(net)
+    assert groups == optimizer_state[1] and state.keys() == optimizer_state[0].keys()
+    for key, values in state.items():
+        for name, value in values.items():
+            want = optimizer_state[0][key][name]
+            assert torch.equal(value, want) if isinstance(value, torch.Tensor) else value == want
 
 
 def _weights(net):
     return {k: v.float().clone() for k, v in net.module_.state_dict().items()}
+
+
+#: The fitted nets the property tests start from: pure bfloat16 (low-precision
+#: weights and float32 masters) and mixed with a float32 region (forward hooks).
+STARTS = {
+    "pure": dict(amp_enabled=True, amp_dtype="bfloat16", amp_level="pure", optimizer__momentum=0.5),
+    "region": dict(amp_enabled=True, amp_dtype="bfloat16", amp_fp32_modules=["out"], optimizer__momentum=0.5),
+}
+
+
+@pytest.fixture(scope="module")
+def fitted_nets(images):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", AmpWarning)
+        return {name: make(**kw).fit(*images) for name, kw in STARTS.items()}
 
 
 @pytest.fixture(scope="module")
@@ -119,33 +199,52 @@ def fitted_bf16(images):
         return make(amp_enabled=True, amp_dtype="bfloat16").fit(*images)
 
 
+CHANGES = (
+    st.dictionaries(st.sampled_from(sorted(CHOICES)), st.just(None), min_size=1, max_size=4)
+    .flatmap(lambda keys: st.fixed_dictionaries({k: st.sampled_from(CHOICES[k]) for k in keys}))
+)
+
+
+def _expected(before, changes):
+    """A net built with the same parameters, or the exception that refuses them."""
+    if "callbacks__no_such_callback__x" in changes:
+        # skorch's set_params refuses a setting of a callback that does not exist
+        # (its initialize ignores it)
+        return ValueError("Trying to set a parameter for callback no_such_callback which does not exist.")
+    try:
+        expected = make(**{**before["params"], **changes})
+        expected.initialize()
+    except (TypeError, ValueError) as exc:
+        return exc
+    return expected
+
+
 @pytest.mark.slow
+@pytest.mark.parametrize("start", sorted(STARTS))
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(changes=st.dictionaries(st.sampled_from(sorted(CHOICES)), st.just(None), min_size=1, max_size=4)
-       .flatmap(lambda keys: st.fixed_dictionaries({k: st.sampled_from(CHOICES[k]) for k in keys})))
-def test_set_params_on_a_fitted_net_is_all_or_nothing(fitted_bf16, changes):
+@given(changes=CHANGES)
+def test_set_params_on_a_fitted_net_is_all_or_nothing(fitted_nets, start, changes):
     import copy
 
-    net = copy.deepcopy(fitted_bf16)
-    before, weights = _observed(net), _weights(net)
+    net = copy.deepcopy(fitted_nets[start])
+    before, weights, state = _untouched(net), _weights(net), _optimizer_state(net)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", AmpWarning)  # fp16 on CPU, unmatched selectors...
-        try:
-            expected = make(**{**before["params"], **changes})
-            expected.initialize()
-        except (TypeError, ValueError) as exc:
+        expected = _expected(before["observed"], changes)
+        if isinstance(expected, Exception):
             event("refused")
             # refused by the constructor path: set_params refuses too, changing nothing
-            with pytest.raises(type(exc)):
+            # (with several bad values, it may name another one first)
+            with pytest.raises((TypeError, ValueError)):
                 net.set_params(**changes)
-            assert _observed(net) == before
-            after = _weights(net)
-            assert all(torch.equal(after[k], weights[k]) for k in weights)
+            _assert_untouched(net, before, weights, state)
             return
         net.set_params(**changes)
     event("applied")
     got, want = _observed(net), _observed(expected)
     assert got == want
+    if "module__hidden" in changes:
+        return  # a new module: new weights
     after = _weights(net)  # trained weights are kept (float32 view)
     assert after.keys() == weights.keys()
     for key, value in weights.items():
@@ -153,6 +252,30 @@ def test_set_params_on_a_fitted_net_is_all_or_nothing(fitted_bf16, changes):
             torch.testing.assert_close(after[key], value, rtol=1e-2, atol=1e-2)  # stored low
         else:
             assert torch.equal(after[key], value), key
+
+
+@pytest.mark.parametrize("start", sorted(STARTS))
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(changes=CHANGES)
+def test_initialize_on_a_fitted_net_is_all_or_nothing(fitted_nets, start, changes):
+    """Parameters set as attributes (``net.module__hidden = ...``), then
+    ``initialize()``: it succeeds, or raises and leaves the net as it was."""
+    import copy
+
+    net = copy.deepcopy(fitted_nets[start])
+    vars(net).update(changes)
+    net._params_to_validate.update(changes)
+    before, weights, state = _untouched(net), _weights(net), _optimizer_state(net)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", AmpWarning)
+        try:
+            net.initialize()
+        except (TypeError, ValueError):
+            event("refused")
+            _assert_untouched(net, before, weights, state)
+            return
+    event("applied")
+    assert net.initialized_
 
 
 def test_issue_example_switch_to_fp16_pure_without_masters_and_scaling(fitted_bf16, images):
@@ -190,9 +313,14 @@ def test_failed_initialize_leaves_the_net_uninitialized():
     assert net.initialize().initialized_ and net.grad_scaler_.get_scale() == 256.0
 
 
-def test_failed_reinitialize_leaves_initialized_false(images):
-    net = make(amp_enabled=True, amp_dtype="bfloat16").fit(*images)
+def test_failed_reinitialize_leaves_the_net_as_it_was(fitted_nets, images):
+    import copy
+
+    net = copy.deepcopy(fitted_nets["region"])
+    proba = net.predict_proba(images[0])
+    before, weights, state = _untouched(net), _weights(net), _optimizer_state(net)
     net.module = "not a module"
+    before["params"]["module"] = "not a module"
     with pytest.raises(TypeError, match="'str' object is not callable"):
         net.initialize()
     assert net.initialized_ is False
@@ -209,3 +337,78 @@ def test_refused_set_params_undoes_live_scaler_and_optimizer_changes(classifier_
     assert net.grad_scaler_ is scaler and scaler.get_settings()["growth_factor"] == 2.0
     assert net.optimizer_.param_groups[0]["lr"] == lr
     assert net.get_params(deep=False) == params
+    _assert_untouched(net, before, weights, state)
+    assert net.initialized_ and len(net.module_.out._forward_hooks) == 1
+    np.testing.assert_array_equal(net.predict_proba(images[0]), proba)
+
+
+# ---- the issue's examples, one family at a time ----------------------------------------
+
+
+def test_refused_module_param_keeps_a_pure_net_pure(fitted_nets, images):
+    import copy
+
+    net = copy.deepcopy(fitted_nets["pure"])
+    masters = dict(net.amp_master_params_)
+    with pytest.raises(TypeError):
+        net.set_params(module__hidden="bad")
+    assert net.module_.hidden.weight.dtype == torch.bfloat16 and net.precision_policy_.level == "pure"
+    assert net.amp_master_params_ == masters
+    params = {id(p) for g in net.optimizer_.param_groups for p in g["params"]}
+    assert params == {id(p) for n, p in net.module_.named_parameters() if n not in masters} | {
+        id(m) for m in masters.values()}
+    net.partial_fit(*images)  # trains in pure bfloat16, on the masters
+    assert net.module_.hidden.weight.dtype == torch.bfloat16
+    torch.testing.assert_close(net.module_.hidden.weight.float(), net.amp_master_params_["hidden.weight"],
+                               rtol=1e-2, atol=1e-2)
+
+
+def test_refused_module_param_keeps_the_float32_region(fitted_nets):
+    import copy
+
+    net = copy.deepcopy(fitted_nets["region"])
+    hooks = _hooks(net)
+    assert len(net.module_.out._forward_hooks) == len(net.module_.out._forward_pre_hooks) == 1
+    with pytest.raises(TypeError):
+        net.set_params(module__hidden="bad")
+    assert _hooks(net) == hooks
+
+
+def test_refused_optimizer_setting_changes_nothing_and_a_valid_one_is_kept(fitted_nets):
+    import copy
+    from sklearn.base import clone
+
+    net = copy.deepcopy(fitted_nets["region"])
+    with pytest.raises(ValueError, match="Invalid momentum value: -1"):
+        net.set_params(optimizer__momentum=-1.0)  # skorch sets it in the live optimizer unchecked
+    assert _groups(net)[0]["momentum"] == 0.5 and net.get_params()["optimizer__momentum"] == 0.5
+    net.set_params(optimizer__momentum=0.9)
+    assert _groups(net)[0]["momentum"] == 0.9
+    assert net.get_params()["optimizer__momentum"] == 0.9  # skorch forgets it
+    assert clone(net).initialize().optimizer_.param_groups[0]["momentum"] == 0.9
+
+
+def test_iterator_settings_on_a_fitted_net(fitted_nets, images):
+    import copy
+
+    net = copy.deepcopy(fitted_nets["region"])
+    net.set_params(iterator_train__shuffle=True, iterator_train__batch_size=8)  # skorch: "Something went wrong"
+    assert net.get_params()["iterator_train__batch_size"] == 8
+    net.partial_fit(*images)
+    assert len(net.history[-1, "batches"]) == 4
+    with pytest.raises(ValueError, match="did you mean iterator_train__shuffle"):
+        net.set_params(iterator_train_shuffle=False)
+    assert "iterator_train_shuffle" not in net.get_params()
+    assert "iterator_train_shuffle" not in net._params_to_validate
+
+
+def test_refused_callback_param_keeps_the_callbacks_state(images):
+    from skorch.callbacks import EpochScoring
+
+    score = EpochScoring("accuracy", lower_is_better=False, on_train=True, name="acc")
+    net = make(amp_enabled=True, amp_dtype="bfloat16", callbacks=[("acc", score)], max_epochs=2).fit(*images)
+    best = score.best_score_
+    assert np.isfinite(best)
+    with pytest.raises(ValueError, match="callback nope which does not exist"):
+        net.set_params(callbacks__nope__x=1)  # skorch re-initializes every callback first
+    assert score.best_score_ == best and dict(net.callbacks_)["acc"] is score

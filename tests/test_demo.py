@@ -1,5 +1,5 @@
 """``python -m ampnet``: the demo reports progress per run, then what each
-run did."""
+run did, amp_enabled='auto''s table and choice, and whether AMP pays off."""
 
 import subprocess
 import sys
@@ -11,7 +11,7 @@ import pytest
 def test_demo_prints_progress_and_table(tmp_path):
     err_file = open(tmp_path / "stderr.txt", "w+")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ampnet", "--epochs", "1"],
+        [sys.executable, "-m", "ampnet", "--epochs", "1", "--hidden", "64"],
         stdout=subprocess.PIPE, stderr=err_file, text=True,
     )
     # progress appears while the demo runs, not only at the end
@@ -22,23 +22,36 @@ def test_demo_prints_progress_and_table(tmp_path):
     assert progress == "[1/3] float32 (AMP off): training ..."
     assert proc.poll() is None  # flushed while the first run trains
     rest = proc.stdout.read()
-    proc.wait(timeout=180)
+    proc.wait(timeout=300)
     err_file.seek(0)
     assert proc.returncode == 0, err_file.read()
     err_file.close()
     lines = (progress + rest).splitlines()
     done = [line for line in lines if line.startswith("[")]
     assert [line.split(":")[0] for line in done] == ["[1/3] float32 (AMP off)",
-                                                    "[2/3] AMP, amp_dtype='auto'",
-                                                    "[3/3] AMP, float16 + loss scaling"]
+                                                    "[2/3] AMP on, amp_dtype='auto'",
+                                                    "[3/3] amp_enabled='auto'"]
     assert all(" done in " in line and "(test accuracy 0." in line for line in done)
     header = next(line for line in lines if line.startswith("run"))
-    columns = ("precision used", "test acc", "median epoch ms", "loss scale", "skipped")
+    columns = ("precision used", "test acc", "median epoch ms", "skipped", "notes")
     assert all(column in header for column in columns)
-    start = header.index("loss scale")
-    rows = {line.split("  ")[0]: line for line in lines if line.startswith(("float32", "AMP"))}
-    scale = {label: row[start:].split()[0] for label, row in rows.items()}
-    # a loss scale only where loss scaling runs
-    assert scale == {"float32 (AMP off)": "-", "AMP, amp_dtype='auto'": "-",
-                     "AMP, float16 + loss scaling": "65536"}
-    assert "bfloat16 (mixed)" in rows["AMP, amp_dtype='auto'"]
+    rows = {line.split("  ")[0]: line for line in lines if line.startswith(("float32", "AMP", "amp_enabled"))}
+    assert "bfloat16 (mixed)" in rows["AMP on, amp_dtype='auto'"]
+    assert "chosen by a " in rows["amp_enabled='auto'"] and " s probe" in rows["amp_enabled='auto'"]
+    # auto's table: float32 first, then the AMP candidates, one of them chosen
+    start = lines.index(next(line for line in lines if line.startswith("amp_enabled='auto' on cpu: chose ")))
+    chosen = lines[start].split(": chose ")[1]
+    table = lines[start + 2:start + 5]
+    assert [row.strip().split("  ")[0] for row in table] == [
+        "float32 (AMP off)", "bfloat16 mixed", "bfloat16 pure (compensated)"]
+    assert sum(row.rstrip().endswith("chosen") for row in table) == 1
+    assert any(row.strip().startswith(chosen) and row.rstrip().endswith("chosen") for row in table)
+    assert lines[start + 5].startswith("probe: 3 candidates x")
+    verdict = next(line for line in lines if line.startswith(("AMP does not pay off", "AMP pays off")))
+    if chosen.startswith("float32"):
+        assert verdict.startswith("AMP does not pay off for this model on this machine")
+        assert rows["amp_enabled='auto'"].split()[1] == "float32"
+    else:
+        assert verdict.startswith(f"AMP pays off on this machine: {chosen} ran ")
+    assert any(line.startswith("Pin the choice with AmpNetClassifier(..., **net.amp_autotune_.params)")
+               for line in lines)

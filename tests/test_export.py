@@ -6,6 +6,7 @@ The ONNX tests need the ``onnx`` extra (in ``dev``, so CI runs them); the
 
 import copy
 import os
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -323,6 +324,43 @@ def test_trimmed_pure_net_warns_that_only_low_precision_weights_remain(trained, 
     assert torch.equal(state["module.head.weight"], converted.module_.head.weight.float())
 
 
+def _run_export(net, path, X):
+    """The exported model's output on X: ONNX Runtime where the onnx extra is
+    installed, else the torch.export program."""
+    try:
+        import onnx, onnxscript  # noqa: F401
+        import onnxruntime
+    except ImportError:
+        program = torch.export.load(net.export(path.with_suffix(".pt2"), X[:3], format="torch.export"))
+        return program.module()(torch.from_numpy(X)).numpy()
+    return _run_onnx(onnxruntime, net.export(path.with_suffix(".onnx"), X[:3]), X)[1]
+
+
+@pytest.mark.parametrize("cls, kwargs, columns", [
+    (AmpNetClassifier, {"criterion": torch.nn.CrossEntropyLoss, "module__out_features": 3}, 3),
+    (AmpNetBinaryClassifier, {"module__out_features": 1}, 2),
+])
+def test_trim_for_prediction_keeps_the_nonlinearity_of_predict_proba_and_export(cls, kwargs, columns,
+                                                                                 tmp_path):
+    torch.manual_seed(0)
+    X = np.random.RandomState(0).randn(16, 5).astype(np.float32)
+    net = cls(torch.nn.Linear, module__in_features=5, amp_enabled=True, amp_dtype="bfloat16",
+              verbose=0, **kwargs).initialize()
+    expected = net.predict_proba(X)
+    net.trim_for_prediction()
+    assert net.criterion_ is None
+    trimmed = net.predict_proba(X)
+    assert trimmed.shape == (16, columns)
+    np.testing.assert_allclose(trimmed, expected, atol=1e-6)
+    np.testing.assert_allclose(trimmed.sum(1), 1, atol=1e-5)
+    exported = _run_export(net, tmp_path / "trimmed", X)
+    np.testing.assert_allclose(exported.sum(1), 1, atol=1e-5)  # probabilities, not logits
+    np.testing.assert_allclose(exported, net.set_params(amp_enabled=False).predict_proba(X), atol=1e-5)
+    net.trim_for_prediction()  # a second trim changes nothing
+    np.testing.assert_allclose(net.predict_proba(X), exported, atol=1e-5)
+    np.testing.assert_allclose(pickle.loads(pickle.dumps(net)).predict_proba(X), exported, atol=1e-5)
+
+
 # ---- errors -------------------------------------------------------------------
 
 
@@ -391,15 +429,35 @@ def test_export_from_a_cuda_net_runs_on_the_cpu(digits, tmp_path):
     np.testing.assert_allclose(program.module()(torch.from_numpy(X)).numpy(), reference, atol=1e-4)
 
 
-def test_untraceable_module_names_it_and_keeps_the_old_file(digits, tmp_path):
+def test_untraceable_module_names_it_and_keeps_the_old_file(digits, tmp_path, capfd):
     net = AmpNetClassifier(Branchy, verbose=0).initialize()
     target = tmp_path / "m.pt2"
     target.write_bytes(b"previous model")
+    capfd.readouterr()
     with pytest.raises(ValueError, match=r"torch.export could not trace Branchy with X_example of "
                        r"shape \(4, 64\) and dtype float32 \(GuardOnDataDependentSymNode.*Fix: "):
         net.export(target, digits[0][:4], format="torch.export")
+    # torch printed its partial FX graph twice, and a shape warning, before this error
+    assert capfd.readouterr().err == ""
     assert target.read_bytes() == b"previous model"
     assert os.listdir(tmp_path) == ["m.pt2"]
+
+
+class Chatty(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(64, 10)
+
+    def forward(self, X):
+        print("Chatty traced", file=sys.stderr)
+        return self.lin(X)
+
+
+def test_what_a_successful_trace_prints_is_passed_on(digits, tmp_path, capfd):
+    net = AmpNetClassifier(Chatty, verbose=0).initialize()
+    capfd.readouterr()
+    net.export(tmp_path / "m.pt2", digits[0][:4], format="torch.export")
+    assert "Chatty traced" in capfd.readouterr().err
 
 
 def test_export_replaces_an_existing_file(trained, digits, tmp_path):

@@ -107,3 +107,24 @@ def test_grid_over_amp_enabled_in_a_scaler_pipeline(grid):
     assert len(scores) == 2 and all(0.5 < s <= 1.0 for s in scores)
     best = search.best_estimator_[-1]
     assert best.precision_policy_.enabled is search.best_params_["ampnetclassifier__amp_enabled"]
+
+
+@pytest.mark.parametrize("features", [np.float32, np.float64])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_float64_module_under_amp_names_the_parameters_not_the_features(cancer, features, dtype):
+    X, y = cancer
+    with pytest.raises(TypeError) as info:
+        fit(AmpNetClassifier, X.astype(features), y, module__dtype=torch.float64, amp_enabled=True,
+            amp_dtype=dtype)
+    text = str(info.value)
+    assert text.startswith(f"The module failed under {dtype} (mixed) autocast: its parameters are "
+                           "float64 (hidden.weight, hidden.bias, out.weight, out.bias).")
+    assert "Fix: build the module in float32" in text and "amp_enabled=False" in text
+    assert "pass float32 features" not in text  # they were float32 (or cast to it)
+
+
+def test_integer_features_under_amp_name_the_input_dtype(cancer):
+    X, y = cancer
+    with pytest.raises(TypeError, match=r"autocast with an input of dtype torch.int64: .*Fix: pass float32 "
+                                        r"features \(e.g. X.astype\(numpy.float32\)\)"):
+        fit(AmpNetClassifier, X.astype(np.int64), y, amp_enabled=True, amp_dtype="bfloat16")

@@ -1,6 +1,7 @@
 """The precision policy: dtype parsing, device rules, output conversion."""
 
 import collections
+import re
 
 import pytest
 import torch
@@ -116,7 +117,10 @@ def test_cpu_without_native_bf16_gets_a_notice(monkeypatch):
 def test_fp16_on_cpu_uses_scaler_and_warns_it_is_slow():
     policy = resolve_precision(True, "fp16", "cpu")
     assert policy.compute_dtype == torch.float16 and policy.uses_scaler
-    assert any("slower than float32" in n for n in policy.notices)
+    (notice,) = [n for n in policy.notices if n.startswith("float16 autocast on CPU")]
+    assert "often slower than float32, by a factor that depends on the model and the CPU" in notice
+    # no speed figure that no benchmark measured (the demo measured 1.65x where it said 10-60x)
+    assert not re.search(r"\d+\s*x\b", notice), notice
 
 
 def _fake_cuda(monkeypatch, capability):

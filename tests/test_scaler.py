@@ -288,3 +288,122 @@ def test_changing_amp_level_keeps_the_loss_scale(classifier_data):
     assert scale != 256.0
     net.set_params(amp_level="pure")
     assert net.grad_scaler_.get_scale() == scale
+
+
+# ---- scaler instances and classes on a net -----------------------------------------
+
+
+def _net_data():
+    import numpy as np
+
+    rng = np.random.RandomState(0)
+    X = rng.randn(48, 6).astype(np.float32)
+    return X, (X[:, 0] > 0).astype(np.int64)
+
+
+def _net(**kw):
+    from ampnet import AmpNetClassifier
+
+    torch.manual_seed(0)
+    base = dict(module=torch.nn.Linear, module__in_features=6, module__out_features=2,
+                criterion=torch.nn.CrossEntropyLoss, max_epochs=1, batch_size=16, train_split=None, verbose=0)
+    return AmpNetClassifier(**{**base, **kw})
+
+
+@pytest.mark.parametrize("amp", [dict(amp_enabled=False), dict(amp_enabled=True, amp_dtype="bfloat16")])
+def test_scaler_instance_is_kept_quietly_where_no_loss_scaling_runs(amp):
+    scaler = GradScaler(init_scale=256.0, growth_interval=3)
+    net = _net(grad_scaler=scaler, **amp).fit(*_net_data())  # an AmpWarning would fail the test
+    assert not net.grad_scaler_.is_enabled() and net.grad_scaler_ is not scaler
+    assert net.grad_scaler_.get_settings()["init_scale"] == 256.0  # the instance's settings, disabled
+    assert net.grad_scaler_.get_settings()["growth_interval"] == 3
+    assert net.get_params()["grad_scaler"] is scaler and scaler.is_enabled() and scaler._scale is None
+    # the same net switched to float16 scales with the instance's settings
+    net.set_params(amp_enabled=True, amp_dtype="float16")
+    assert net.grad_scaler_.is_enabled() and net.grad_scaler_.get_scale() == 256.0
+    net.partial_fit(*_net_data())
+    assert net.history[-1, "batches", 0, "loss_scale"] == 256.0
+
+
+def test_scaler_instance_forced_on_under_bfloat16():
+    net = _net(grad_scaler=GradScaler(init_scale=256.0), grad_scaler__enabled=True, amp_enabled=True,
+               amp_dtype="bfloat16").fit(*_net_data())
+    assert net.grad_scaler_.is_enabled() and net.history[0, "batches", 0, "loss_scale"] == 256.0
+
+
+def test_scaler_instance_serves_a_grid_over_amp_enabled_and_amp_dtype():
+    from sklearn.model_selection import GridSearchCV
+
+    net = _net(grad_scaler=GradScaler(init_scale=256.0))
+    grid = [{"amp_enabled": [False]}, {"amp_enabled": [True], "amp_dtype": ["bfloat16", "float16"]}]
+    search = GridSearchCV(net, grid, cv=2, error_score="raise", refit=False).fit(*_net_data())
+    assert len(search.cv_results_["mean_test_score"]) == 3
+    for params in search.cv_results_["params"]:
+        fitted = _net(grad_scaler=GradScaler(init_scale=256.0), **params).fit(*_net_data())
+        fp16 = params.get("amp_dtype") == "float16"
+        assert fitted.grad_scaler_.is_enabled() == fp16
+        assert fitted.grad_scaler_.get_settings()["init_scale"] == 256.0
+
+
+def test_disabled_scaler_instance_under_float16_says_so():
+    from ampnet import AmpWarning
+
+    net = _net(grad_scaler=GradScaler("cpu", enabled=False), amp_enabled=True, amp_dtype="float16")
+    with pytest.warns(AmpWarning, match=r"without loss scaling \(the grad_scaler instance passed is disabled\)"):
+        net.initialize()
+    net = _net(grad_scaler__enabled=False, amp_enabled=True, amp_dtype="float16")
+    with pytest.warns(AmpWarning, match=r"without loss scaling \(grad_scaler__enabled=False\)"):
+        net.initialize()
+
+
+def test_torch_scaler_made_for_cuda_on_a_cpu_float16_net():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torch's "CUDA is not available. Disabling."
+        scaler = torch.amp.GradScaler("cuda", init_scale=256.0)
+    net = _net(grad_scaler=scaler, amp_enabled=True, amp_dtype="float16")
+    if torch.cuda.is_available():  # an enabled instance follows the net's device
+        net.fit(*_net_data())
+        assert net.grad_scaler_.is_enabled() and net.grad_scaler_._device == "cpu"
+        assert net.history[0, "batches", 0, "loss_scale"] == 256.0
+        return
+    with pytest.raises(ValueError, match=(
+            r"grad_scaler=torch.amp.GradScaler\('cuda'\) was made on a machine without CUDA: torch disabled "
+            r"it.*kept none of its settings.*Fix: grad_scaler=ampnet.GradScaler.*"
+            r"torch.amp.GradScaler\('cpu', ...\), or grad_scaler__enabled=False")):
+        net.initialize()
+    assert not net.initialized_
+    # where no loss scaling runs, the disabled instance is kept quietly; forced off, float16 trains unscaled
+    _net(grad_scaler=scaler).fit(*_net_data())
+    from ampnet import AmpWarning
+
+    with pytest.warns(AmpWarning, match=r"grad_scaler__enabled=False"):
+        _net(grad_scaler=scaler, grad_scaler__enabled=False, amp_enabled=True, amp_dtype="float16").initialize()
+
+
+def test_torch_cuda_amp_gradscaler_class():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch deprecates the class
+        net = _net(grad_scaler=torch.cuda.amp.GradScaler, amp_enabled=True, amp_dtype="float16")
+        with pytest.raises(ValueError, match=(
+                r"grad_scaler=torch.cuda.amp.GradScaler scales on CUDA only \(it takes no device\), but this "
+                r"net computes float16 on 'cpu'. Fix: grad_scaler=ampnet.GradScaler")):
+            net.initialize()
+        # no TypeError about `device` where no loss scaling runs
+        off = _net(grad_scaler=torch.cuda.amp.GradScaler).fit(*_net_data())
+        assert type(off.grad_scaler_) is torch.cuda.amp.GradScaler and not off.grad_scaler_.is_enabled()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_torch_cuda_amp_gradscaler_class_on_a_cuda_net():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        net = _net(grad_scaler=torch.cuda.amp.GradScaler, grad_scaler__init_scale=256.0, device="cuda",
+                   amp_enabled=True, amp_dtype="float16").fit(*_net_data())
+    assert net.grad_scaler_.is_enabled() and net.history[0, "batches", 0, "loss_scale"] == 256.0

@@ -156,6 +156,54 @@ def test_doctor_every_plot(doctored):
         plt.close("all")
 
 
+class NormedOutOfOrder(torch.nn.Module):
+    """Layers defined out of their order of use, a LayerNorm (kept float32 by
+    autocast: not cast) and a weight used twice."""
+
+    def __init__(self):
+        super().__init__()
+        self.out = torch.nn.Linear(8, 2)
+        self.norm = torch.nn.LayerNorm(8)
+        self.inp = torch.nn.Linear(4, 8)
+
+    def forward(self, X):
+        h = self.norm(self.inp(X))
+        return torch.softmax(self.out(h + torch.relu(self.inp(X))), dim=-1)
+
+
+class ConvBN(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(1, 3, 2)
+        self.bn = torch.nn.BatchNorm2d(3)
+        self.head = torch.nn.Linear(3, 2)
+
+    def forward(self, X):
+        h = torch.relu(self.bn(self.conv(X.reshape(-1, 1, 2, 2))))
+        return torch.softmax(self.head(h.flatten(1)), dim=-1)
+
+
+@pytest.mark.parametrize("module", [Tiny, NormedOutOfOrder, ConvBN])
+@pytest.mark.parametrize("dtype, level", SETTINGS, ids=["-".join(s) for s in SETTINGS])
+def test_doctor_lists_parameters_in_skorchs_order(module, dtype, level):
+    """skorch's own test_get_parameter_names failed with AMP on: autocast's casts
+    changed the order in which the doctor recorded the gradients."""
+    from skorch import NeuralNetClassifier
+
+    X, y = data()
+    settings = dict(max_epochs=1, batch_size=16, train_split=None, verbose=0)
+    torch.manual_seed(0)
+    reference = SkorchDoctor(NeuralNetClassifier(module, **settings)).fit(X, y)
+    torch.manual_seed(0)
+    doctor = SkorchDoctor(AmpNetClassifier(module, amp_enabled=True, amp_dtype=dtype, amp_level=level,
+                                           **settings)).fit(X, y)
+    assert doctor.get_param_names() == reference.get_param_names()
+    for recs in ("gradient_recs_", "param_update_recs_"):
+        got, expected = getattr(doctor, recs)["module"], getattr(reference, recs)["module"]
+        assert [list(step) for step in got] == [list(step) for step in expected], recs
+    assert not any(m._forward_hooks for m in doctor.net.module_.modules())  # the order hook is gone
+
+
 class Overflowing(Tiny):
     """Its output is inf on the training batch ``bad``: the float16 step overflows."""
 

@@ -15,6 +15,12 @@ from ampnet.callbacks import AmpMonitor
 from conftest import MLP, small_classifier
 
 
+def nan_loss_warned():
+    """The warning at the end of a fit whose last epoch's loss is NaN/inf (an
+    injected inf in the forward pass makes the batch loss NaN)."""
+    return pytest.warns(AmpWarning, match="Training ended with a non-finite training loss")
+
+
 def fit_quiet(net, X, y):
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "float16 autocast on CPU", AmpWarning)
@@ -169,7 +175,8 @@ def test_multiple_criteria_share_one_scaler(classifier_data):
     X, y = classifier_data[0][:32], classifier_data[1][:32]
     net = TwoCriteriaNet(**net_kw(module__bad_calls=(2,), amp_enabled=True, amp_dtype="fp16",
                                   grad_scaler__init_scale=64.0))
-    fit_quiet(net, X, y)
+    with nan_loss_warned():
+        fit_quiet(net, X, y)
     assert "criterion2" in net._criteria
     assert [b["step_skipped"] for b in net.history[-1, "batches"]] == [False, True, False, False]
     assert net.grad_scaler_.get_scale() == 32.0
@@ -235,7 +242,8 @@ def test_500_overflows_keep_scale_at_minimum_and_weights_finite(classifier_data)
     y = (X[:, 0] > 0).astype(np.int64)
     net = AmpNetClassifier(**net_kw(module__n_in=4, module__bad_calls=range(1, 501), batch_size=2,
                                     amp_enabled=True, amp_dtype="fp16", amp_max_consecutive_skips=None))
-    fit_quiet(net, X, y)
+    with nan_loss_warned():
+        fit_quiet(net, X, y)
     scales = [b["loss_scale"] for b in net.history[-1, "batches"]]
     assert scales[499] == 1.0 and min(scales) == 1.0
     assert net.history[-1, "skipped_steps"] == 500
@@ -263,8 +271,11 @@ def test_nan_in_input_is_reported_as_data_not_overflow(classifier_data, device_d
     X, y = classifier_data[0][:32].copy(), classifier_data[1][:32]
     X[10, 3] = np.nan  # in the second batch of 8
     net = AmpNetClassifier(**net_kw(grad_scaler__init_scale=128.0, **device_dtype.net_kwargs))
-    with pytest.warns(AmpWarning, match="holds NaN or inf in its input or target"):
+    with pytest.warns(AmpWarning) as record:
         net.fit(X, y)
+    texts = [str(w.message) for w in record]
+    assert any("holds NaN or inf in its input or target" in t for t in texts)
+    assert any("non-finite training loss" in t and "bad data" in t for t in texts)
     batches = net.history[-1, "batches"]
     assert [b.get("step_skipped", False) for b in batches] == [False, True, False, False]
     assert batches[1]["nonfinite_input"] is True
@@ -297,11 +308,12 @@ def test_nonfinite_step_is_skipped_and_recorded(classifier_data, device_dtype):
     X, y = classifier_data[0][:32], classifier_data[1][:32]
     net = AmpNetClassifier(**net_kw(module__bad_calls=(2,), grad_scaler__init_scale=512.0,
                                     **device_dtype.net_kwargs))
-    if device_dtype.low:
+    with pytest.warns(AmpWarning) as record:
         net.fit(X, y)
-    else:  # AMP off: skorch would step the NaN in; ampnet skips and says so
-        with pytest.warns(AmpWarning, match="Non-finite gradients: the optimizer step was skipped"):
-            net.fit(X, y)
+    texts = [str(w.message) for w in record]
+    assert any("Training ended with a non-finite training loss" in t for t in texts)  # the NaN batch's
+    # AMP off: skorch would step the NaN in; ampnet skips and says so
+    assert any("Non-finite gradients: the optimizer step was skipped" in t for t in texts) == (not device_dtype.low)
     batches = net.history[-1, "batches"]
     assert [b.get("step_skipped", False) for b in batches] == [False, True, False, False]
     assert net.history[-1, "skipped_steps"] == 1
@@ -314,15 +326,19 @@ def test_without_guard_nonfinite_gradients_reach_the_weights(classifier_data):
     X, y = classifier_data[0][:32], classifier_data[1][:32]
     net = AmpNetClassifier(**net_kw(module__bad_calls=(2,), amp_enabled=True, amp_dtype="bf16",
                                     amp_skip_nonfinite=False))
-    net.fit(X, y)
+    with pytest.warns(AmpWarning, match=r"non-finite training loss.*guard is off"):
+        net.fit(X, y)
     assert not all(torch.isfinite(p).all() for p in net.module_.parameters())
 
 
 def test_amp_off_guard_skips_and_warns(classifier_data):
     X, y = classifier_data[0][:32], classifier_data[1][:32]
     net = AmpNetClassifier(**net_kw(module__bad_calls=(2,)))
-    with pytest.warns(AmpWarning, match="Non-finite gradients: the optimizer step was skipped"):
+    with pytest.warns(AmpWarning) as record:
         net.fit(X, y)
+    texts = [str(w.message) for w in record]
+    assert any("Non-finite gradients: the optimizer step was skipped" in t for t in texts)
+    assert any("non-finite training loss" in t for t in texts)
     assert net.history[-1, "batches", 1, "step_skipped"] is True
     assert net.history[-1, "skipped_steps"] == 1
     assert all(torch.isfinite(p).all() for p in net.module_.parameters())
@@ -335,13 +351,15 @@ def test_printlog_shows_scale_and_skips(classifier_data, capsys):
     X, y = classifier_data[0][:32], classifier_data[1][:32]
     net = AmpNetClassifier(**net_kw(module__bad_calls=(2,), amp_enabled=True, amp_dtype="fp16",
                                     grad_scaler__init_scale=512.0, verbose=1))
-    fit_quiet(net, X, y)
+    with nan_loss_warned():
+        fit_quiet(net, X, y)
     header, _, row = capsys.readouterr().out.splitlines()[:3]
     assert "loss_scale" in header and "skipped_steps" in header
     assert "256.0000" in row
 
 
 def test_amp_monitor_reports_bursts_and_feeds_tensorboard(classifier_data, tmp_path):
+    pytest.importorskip("tensorboard")  # in the dev extra, not in the lean test extra
     from skorch.callbacks import TensorBoard
     from torch.utils.tensorboard import SummaryWriter
 
@@ -352,14 +370,17 @@ def test_amp_monitor_reports_bursts_and_feeds_tensorboard(classifier_data, tmp_p
     net = AmpNetClassifier(**net_kw(module__bad_calls=(2, 3, 4), amp_enabled=True, amp_dtype="fp16",
                                     grad_scaler__init_scale=512.0,
                                     callbacks=[monitor, TensorBoard(writer)]))
-    fit_quiet(net, X, y)
+    with nan_loss_warned():
+        fit_quiet(net, X, y)
     writer.flush()
     bursts = [e for e in monitor.events_ if e["kind"] == "burst"]
     assert [e["value"] for e in bursts] == [3]
     # with gradient accumulation a burst counts steps, not micro-batches
     acc_monitor = AmpMonitor(burst=2, sink=lines.append)
-    fit_quiet(AmpNetClassifier(**net_kw(module__bad_calls=(3, 4, 5, 6), amp_enabled=True, amp_dtype="bf16",
-                                        gradient_accumulation_steps=2, callbacks=[acc_monitor])), X, y)
+    with nan_loss_warned():
+        fit_quiet(AmpNetClassifier(**net_kw(module__bad_calls=(3, 4, 5, 6), amp_enabled=True,
+                                            amp_dtype="bf16", gradient_accumulation_steps=2,
+                                            callbacks=[acc_monitor])), X, y)
     assert [e["value"] for e in acc_monitor.events_ if e["kind"] == "burst"] == [2]
     assert any("3 optimizer steps in a row were skipped" in line for line in lines)
     assert net.history[-1, "max_skip_burst"] == 3
@@ -395,7 +416,8 @@ def test_fused_adam_with_scaling_and_clipping_matches_unfused(classifier_data):
                                         module__bad_calls=(3,), amp_enabled=True, amp_dtype="fp16",
                                         grad_scaler__init_scale=256.0,
                                         callbacks=[GradientNormClipping(0.1)]))
-        fit_quiet(net, X, y)
+        with nan_loss_warned():
+            fit_quiet(net, X, y)
         results.append(net)
     plain, fused = results
     assert [b["step_skipped"] for b in fused.history[-1, "batches"]][2] is True
@@ -408,8 +430,12 @@ def test_bad_data_in_an_earlier_micro_batch_is_bad_data_not_an_overflow(classifi
     X[0, 0] = np.nan  # first micro-batch of the first group
     net = small_classifier(amp_enabled=True, amp_dtype="float16", gradient_accumulation_steps=2, batch_size=8, grad_scaler__init_scale=256.0,
                iterator_train__shuffle=False)
-    with pytest.warns(AmpWarning, match="holds NaN or inf in its input"):
+    with pytest.warns(AmpWarning) as record:
         net.fit(X, y)
+    texts = [str(w.message) for w in record]
+    assert any("holds NaN or inf in its input" in t for t in texts)
+    assert any("non-finite training loss" in t for t in texts)  # the NaN batch's loss
     first = net.history[0, "batches"][1]
+    assert first["skip_cause"] == "nonfinite_input"
     assert first["step_skipped"] and first.get("nonfinite_input")
     assert first["loss_scale"] == 256.0  # kept, not backed off

@@ -9,6 +9,7 @@ test_fuzz_checkpoint.py covers random corruptions of every file.
 import copy
 import errno
 import json
+import math
 import multiprocessing
 import os
 import pickle
@@ -630,6 +631,7 @@ def test_torch_gradscaler_trains_as_torchs_own_loop(data, kind):
         amp_dtype="float16",
         grad_scaler=grad_scaler,
         optimizer=torch.optim.Adam,
+        optimizer__fused=False,  # the loop's Adam: bitwise the same kernel
         lr=0.05,
         batch_size=16,
         max_epochs=3,
@@ -750,16 +752,16 @@ def test_non_booleans_name_their_numpy_type(name):
 # ---- 7. save_params compares real paths -----------------------------------------------
 
 
-@pytest.mark.parametrize("second", ["./same.pt", "sub/../same.pt", "ABS", "LINK", "HARDLINK"])
+@pytest.mark.parametrize("second", ["./same.pt", "sub/../same.pt", "ABS", "LINKED_DIR", "HARDLINK"])
 def test_two_spellings_of_one_file_are_refused(tmp_path, fitted, monkeypatch, second):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "sub").mkdir()
     (tmp_path / "same.pt").write_bytes(b"old")
     if second == "ABS":
         second = str(tmp_path / "same.pt")
-    elif second == "LINK":
-        os.symlink("same.pt", "link.pt")
-        second = "link.pt"
+    elif second == "LINKED_DIR":
+        os.symlink(".", "here")
+        second = os.path.join("here", "same.pt")
     elif second == "HARDLINK":
         os.link("same.pt", "hard.pt")
         second = "hard.pt"
@@ -770,6 +772,17 @@ def test_two_spellings_of_one_file_are_refused(tmp_path, fitted, monkeypatch, se
         fitted.save_params(f_params="same.pt", f_optimizer=second)
     assert (tmp_path / "same.pt").read_bytes() == b"old"
     assert sorted(os.listdir(tmp_path)) == listing
+
+
+def test_a_link_to_another_target_is_replaced_not_written_through(tmp_path, fitted, monkeypatch):
+    """Issue 18: a save replaces a symbolic link by its file, so a link to
+    another target of the same save is a target of its own."""
+    monkeypatch.chdir(tmp_path)
+    os.symlink("same.pt", "link.pt")
+    fitted.save_params(f_params="same.pt", f_optimizer="link.pt")
+    assert not os.path.islink("link.pt")
+    assert torch.load("same.pt", weights_only=True).keys() == fitted.module_.state_dict().keys()
+    assert torch.load("link.pt", weights_only=True).keys() == {"state", "param_groups"}
 
 
 def test_one_file_object_for_two_files_is_refused(fitted):
@@ -849,7 +862,8 @@ def test_invalid_optimizer_file_is_refused_naming_the_field(tmp_path, saved, cas
     bad = str(tmp_path / "opt.pt")
     torch.save(state, bad)
     refused_unchanged(
-        tiny_net().initialize(),
+        # the single-tensor kernel: fused Adam steps with lr=1e39 (in double) without failing
+        tiny_net(optimizer__fused=False).initialize(),
         {**saved, "f_optimizer": bad},
         problem,
         re.escape(f"f_optimizer file {bad!r}"),
@@ -885,13 +899,27 @@ def test_optimizer_state_from_an_older_torch_loads(tmp_path, saved):
         ([{"epoch": True}], "'epoch' must be an int"),
         ([{"epoch": 1, "batches": {}}], "'batches' must be a list of dicts"),
         ([{"epoch": 1, "batches": [1]}], "'batches' must be a list of dicts"),
-        ([{"epoch": 1, "train_batch_count": "x"}], "'train_batch_count' must be an int >= 0"),
+        ([{"epoch": 1, "train_batch_count": "x"}], r"'train_batch_count' must be an int in \[0, 2\*\*53\]"),
         ([{"epoch": 1, "valid_loss_best": 1}], "'valid_loss_best' must be true or false"),
         (
             [{"epoch": 1, "batches": [{"train_batch_size": 2, "batch_size": "x"}]}],
-            "batch 0: 'batch_size' must be a number",
+            r"batch 0: 'batch_size' must be an int in \[0, 2\*\*53\], got 'x'",
         ),
-        ([{"epoch": 1, "dur": None}], "'dur' must be a number"),
+        ([{"epoch": 1, "dur": None}], r"'dur' must be a finite number >= 0 \(seconds\), got None"),
+        # issue 18: counters and numbers in range, not only of the right type
+        ([{"epoch": 2**40}], r"'epoch' must be an int greater .*, got 1099511627776 \(int\) \(epochs are numbered up to 2\*\*31 - 1\)"),
+        ([{"epoch": 1, "train_batch_count": -1}], r"'train_batch_count' must be an int in \[0, 2\*\*53\], got -1"),
+        ([{"epoch": 1, "valid_batch_count": 2**60}], r"'valid_batch_count' must be an int in \[0, 2\*\*53\]"),
+        ([{"epoch": 1, "skipped_steps": -3}], r"'skipped_steps' must be an int in \[0, 2\*\*53\], got -3"),
+        ([{"epoch": 1, "dur": float("nan")}], r"'dur' must be a finite number >= 0 \(seconds\), got nan"),
+        ([{"epoch": 1, "dur": -1.0}], r"'dur' must be a finite number >= 0"),
+        ([{"epoch": 1, "loss_scale": 0.0}], r"'loss_scale' must be a finite number > 0, got 0.0"),
+        ([{"epoch": 1, "loss_scale": float("inf")}], r"'loss_scale' must be a finite number > 0, got inf"),
+        (
+            [{"epoch": 1, "batches": [{"train_batch_size": -2}]}],
+            r"batch 0: 'train_batch_size' must be an int in \[0, 2\*\*53\], got -2",
+        ),
+        ([{"epoch": 1, "batches": [{"step_skipped": "no"}]}], "batch 0: 'step_skipped' must be true or false"),
         ({"epoch": 1}, "expected a JSON list of epoch dicts, got dict"),
     ],
 )
@@ -1344,3 +1372,778 @@ def test_checks_never_build_a_users_optimizer(scheduler_checkpoint):
     with pytest.raises(ValueError, match=r"param_groups\[0\]\['lr'\] must be a number"):
         net.load_params(f_optimizer=os.path.join(scheduler_checkpoint.dirname, "optimizer.pt"))
     assert CountingAdam.made == made
+
+
+# ---- issue 18 --------------------------------------------------------------------
+# Special files, planted links, values that pass type checks, export debris and a
+# second writer. One section per item of the issue.
+
+
+@pytest.fixture(scope="module")
+def pristine_checkpoint(tmp_path_factory, data):
+    """The folder of a Checkpoint(monitor=None) after a two-epoch fp16 fit
+    with an LRScheduler (do not change it: copy it with _checkpoint_folder)."""
+    dirname = str(tmp_path_factory.mktemp("pristine") / "ckpt")
+    torch.manual_seed(0)
+    net = _scheduler_net(callbacks=[_step_lr(), Checkpoint(monitor=None, dirname=dirname)])
+    quietly(net.fit, *data)
+    return dirname
+
+
+def _checkpoint_folder(tmp_path, pristine, name="ckpt"):
+    """A fresh copy of the ``pristine`` checkpoint folder; returns its path."""
+    import shutil
+
+    dirname = str(tmp_path / name)
+    shutil.copytree(pristine, dirname)
+    return dirname
+
+
+# ---- 18.1 special files never hang the loader or exhaust memory ------------------
+
+_SPECIAL_FILE_CHILD = r"""
+import json, os, resource, sys, warnings
+resource.setrlimit(resource.RLIMIT_DATA, (2 << 30, 2 << 30))  # a runaway read fails fast
+sys.path[:0] = [sys.argv[1], os.path.join(sys.argv[1], "tests")]
+warnings.simplefilter("ignore")
+import torch
+from ampnet import AmpNetClassifier
+from ampnet.callbacks.checkpoint import Checkpoint, LoadInitState
+from resume_script import Tiny
+
+for line in sys.stdin:
+    case = json.loads(line)
+    print("START", case["name"], flush=True)
+    net = AmpNetClassifier(Tiny, amp_enabled=True, amp_dtype="float16", optimizer=torch.optim.Adam,
+                           train_split=None, verbose=0).initialize()
+    try:
+        if case["how"] == "checkpoint":
+            net.load_params(checkpoint=Checkpoint(monitor=None, dirname=case["dirname"]))
+        elif case["how"] == "LoadInitState":
+            LoadInitState(Checkpoint(monitor=None, dirname=case["dirname"])).initialize().on_train_begin(net)
+        else:
+            net.load_params(**{case["how"]: case["path"]})
+        outcome = {"outcome": "loaded"}
+    except (ValueError, OSError) as exc:
+        outcome = {"outcome": type(exc).__name__, "message": str(exc)}
+    except BaseException as exc:
+        outcome = {"outcome": "crash " + type(exc).__name__, "message": str(exc)[:500]}
+    print("RESULT", json.dumps({"name": case["name"], **outcome}), flush=True)
+"""
+
+
+def _run_special_file_cases(cases):
+    """Load each case in one child process with a 2 GiB data limit and a
+    timeout; return {name: result}. A hang or a runaway read fails the test."""
+    lines = "".join(json.dumps(c) + "\n" for c in cases)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", _SPECIAL_FILE_CHILD, root],
+            input=lines, capture_output=True, text=True, timeout=120, env=env,
+        )
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        started = [line for line in out.splitlines() if line.startswith("START")]
+        pytest.fail(f"the load hung at {started[-1:]}")
+    results = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            result = json.loads(line[len("RESULT "):])
+            results[result["name"]] = result
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return results
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs and /dev/zero are POSIX")
+def test_special_files_are_refused_without_hanging_or_reading_forever(tmp_path, pristine_checkpoint):
+    """The probes of issue 18: history.json and lr_schedulers.json linked to
+    /dev/zero (json.load read without end), history.json and params.pt
+    replaced by a FIFO (the load blocked forever), plus a socket, a
+    directory and /dev/zero named directly."""
+    import socket
+
+    cases, expected = [], {}
+
+    def case(name, filename, make, how, problem):
+        dirname = _checkpoint_folder(tmp_path, pristine_checkpoint, name)
+        path = os.path.join(dirname, filename)
+        os.remove(path)
+        make(path)
+        cases.append({"name": name, "dirname": dirname, "how": how, "path": path})
+        expected[name] = (path, problem)
+
+    def dev_zero(path):
+        os.symlink("/dev/zero", path)
+
+    def bind_socket(path):
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(path)
+        sock.close()
+
+    case("history-zero", "history.json", dev_zero, "checkpoint", "symbolic link to '/dev/zero'")
+    case("schedulers-zero", "lr_schedulers.json", dev_zero, "LoadInitState",
+         "symbolic link to '/dev/zero'")
+    case("history-fifo", "history.json", os.mkfifo, "LoadInitState", "is a FIFO")
+    case("params-fifo", "params.pt", os.mkfifo, "checkpoint", "is a FIFO")
+    case("rng-socket", "rng_state.pt", bind_socket, "checkpoint", "is a socket")
+    case("scaler-directory", "grad_scaler.pt", os.mkdir, "f_grad_scaler", "is a directory")
+    cases.append({"name": "dev-zero-named", "how": "f_history", "path": "/dev/zero"})
+    expected["dev-zero-named"] = ("/dev/zero", "is a character device")
+    results = _run_special_file_cases(cases)
+    for name, (path, problem) in expected.items():
+        result = results.get(name)
+        assert result is not None and result["outcome"] == "ValueError", (name, result)
+        assert repr(path) in result["message"] and problem in result["message"], (name, result)
+        assert "not a regular file" in result["message"] or "outside its folder" in result["message"]
+
+
+@pytest.mark.parametrize("key", ["f_history", "f_grad_scaler", "f_rng_state"])
+def test_a_file_larger_than_its_kinds_limit_is_refused_unread(tmp_path, saved, key):
+    """A (sparse) regular file one byte over its kind's limit is refused
+    before a byte of it is read."""
+    from ampnet.io import kinds
+
+    big = str(tmp_path / os.path.basename(saved[key]))
+    limit = kinds.max_bytes(key)
+    with open(big, "wb") as f:
+        f.truncate(limit + 1)
+    refused_unchanged(
+        tiny_net().initialize(), {**saved, key: big}, re.escape(f"{key} file {big!r} is {limit + 1} bytes"),
+        f"more than the {limit} bytes that ampnet reads from this kind of file",
+    )
+    assert kinds.max_bytes("f_anything_else") == kinds.TENSOR_FILE_MAX_BYTES
+
+
+def test_a_compressed_torch_file_is_refused_before_it_expands(tmp_path, saved):
+    """torch.load reads deflated zip records (a zip bomb could expand without
+    bound); torch.save never writes them, so they are refused."""
+    import zipfile
+
+    bomb = str(tmp_path / "params.pt")
+    with zipfile.ZipFile(saved["f_params"]) as src, zipfile.ZipFile(bomb, "w") as dst:
+        for info in src.infolist():
+            dst.writestr(info, src.read(info.filename), compress_type=zipfile.ZIP_DEFLATED)
+    assert torch.load(bomb, weights_only=True).keys()  # torch itself reads it
+    refused_unchanged(
+        tiny_net().initialize(), {**saved, "f_params": bomb},
+        re.escape(f"f_params file {bomb!r} cannot be read as a torch file"), "compressed records",
+    )
+
+
+# ---- 18.2 planted links never redirect a load or a save out of the folder ----------
+
+
+def test_planted_history_link_of_the_issue_redirects_neither_load_nor_save(
+    tmp_path, pristine_checkpoint, data
+):
+    """The probe of issue 18: history.json links to ../outside.txt (valid
+    content). The README's resume pattern refuses to load it, and a save
+    into the folder replaces the link instead of writing through it."""
+    dirname = _checkpoint_folder(tmp_path, pristine_checkpoint)
+    outside = tmp_path / "outside.txt"
+    history = os.path.join(dirname, "history.json")
+    os.replace(history, outside)
+    os.symlink(os.path.join("..", "outside.txt"), history)
+    precious = outside.read_bytes()
+    cp = Checkpoint(monitor=None, dirname=dirname)
+    net = _scheduler_net(callbacks=[LoadInitState(cp), _step_lr(), cp], max_epochs=1)
+    with pytest.raises(ValueError, match=re.escape(f"f_history file {history!r} is a symbolic link to ")) as info:
+        quietly(net.fit, *data)
+    info.match("outside its folder")
+    # a save (a fresh run into that folder) replaces the links, whatever they point to
+    for name in ("params.pt", "optimizer.pt", "grad_scaler.pt", "lr_schedulers.json"):
+        os.remove(os.path.join(dirname, name))
+        os.symlink(str(outside), os.path.join(dirname, name))
+    cp = Checkpoint(monitor=None, dirname=dirname)
+    quietly(_scheduler_net(callbacks=[_step_lr(), cp], max_epochs=1).fit, *data)
+    assert outside.read_bytes() == precious
+    for name in ("history.json", "params.pt", "optimizer.pt", "grad_scaler.pt", "lr_schedulers.json"):
+        assert not os.path.islink(os.path.join(dirname, name)) and os.path.isfile(os.path.join(dirname, name))
+    assert len(json.loads(Path(history).read_text())) == 1  # the new run's history
+
+
+def test_links_inside_the_folder_are_followed(tmp_path, pristine_checkpoint):
+    """A link to another file of the same folder (or below it) is fine."""
+    dirname = _checkpoint_folder(tmp_path, pristine_checkpoint)
+    os.mkdir(os.path.join(dirname, "real"))
+    for name in ("params.pt", "history.json"):
+        os.replace(os.path.join(dirname, name), os.path.join(dirname, "real", name))
+        os.symlink(os.path.join("real", name), os.path.join(dirname, name))
+    net = _scheduler_net().initialize()
+    net.load_params(checkpoint=Checkpoint(monitor=None, dirname=dirname, f_lr_schedulers=None))
+    assert len(net.history) == 2
+
+
+def test_a_link_to_a_file_outside_is_refused_for_every_kind(tmp_path, saved):
+    net = tiny_net().initialize()
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    for key, path in saved.items():
+        os.replace(path, outside / os.path.basename(path))
+        os.symlink(outside / os.path.basename(path), path)
+        refused_unchanged(net, saved, re.escape(f"{key} file {path!r} is a symbolic link to"))
+        os.remove(path)
+        os.replace(outside / os.path.basename(path), path)
+    net.load_params(**saved)  # the files themselves load
+
+
+def test_export_to_a_linked_name_replaces_the_link(tmp_path, fitted, data):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    target = tmp_path / "model.pt2"
+    os.symlink(victim, target)
+    assert fitted.export(str(target), data[0][:4], format="torch.export") == str(target)
+    assert victim.read_text() == "precious"
+    assert not target.is_symlink()
+    program = torch.export.load(str(target))
+    expected = fitted.predict_proba(data[0][:4])
+    assert np.allclose(program.module()(torch.as_tensor(data[0][:4])).numpy(), expected, atol=5e-3)
+
+
+# ---- 18.3 / 18.4 int32 step counters of the loss scaler --------------------------
+
+
+def _scaler_steps(scaler, grads):
+    """Run the scaler over steps whose gradient is each of ``grads``; return
+    the scale after each step."""
+    weight = torch.nn.Parameter(torch.ones(1))
+    optimizer = torch.optim.SGD([weight], lr=0.0)
+    scales = []
+    for grad in grads:
+        optimizer.zero_grad()
+        scaler.scale((weight * grad).sum()).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        scales.append(scaler.get_scale())
+    return scales
+
+
+@pytest.mark.parametrize("name", ["growth_interval", "hysteresis"])
+@pytest.mark.parametrize("value", [2**31, 2**40])
+def test_int32_counters_beyond_their_range_are_refused_everywhere(name, value):
+    """Issue 18: growth_interval=2**31 made the scale grow every step and
+    hysteresis=2**31 backed off on every overflow (int32 wrap-around)."""
+    problem = re.escape(f"{name}={value} (int): must be an int >= 1 and at most 2**31 - 1")
+    with pytest.raises(ValueError, match=problem):
+        GradScaler(device="cpu", **{name: value})
+    with pytest.raises(ValueError, match="grad_scaler__" + problem):
+        tiny_net(**{f"grad_scaler__{name}": value}).initialize()
+    net = tiny_net().initialize()
+    before = net.grad_scaler_.get_settings()
+    with pytest.raises(ValueError, match="grad_scaler__" + problem):
+        net.set_params(**{f"grad_scaler__{name}": value})
+    assert net.grad_scaler_.get_settings() == before
+
+
+def test_the_largest_int32_counters_behave_as_huge_not_as_negative():
+    grow = GradScaler(device="cpu", init_scale=8.0, growth_interval=2**31 - 1)
+    assert _scaler_steps(grow, [1.0] * 4) == [8.0] * 4  # never reaches the interval
+    wait = GradScaler(device="cpu", init_scale=8.0, hysteresis=2**31 - 1)
+    assert _scaler_steps(wait, [float("inf")] * 4) == [8.0] * 4  # never backs off
+    assert wait._overflow_streak == 4
+
+
+@pytest.mark.parametrize("field, value", [("_overflow_streak", 2**40), ("_overflow_streak", 2**31),
+                                          ("hysteresis", 2**31), ("growth_interval", 2**40)])
+def test_scaler_file_with_a_counter_beyond_int32_is_refused(tmp_path, saved, field, value):
+    """Issue 18: _overflow_streak = 2**40 passed every check, then partial_fit
+    crashed ('value cannot be converted to type int without overflow')."""
+    state = torch.load(saved["f_grad_scaler"], weights_only=True)
+    state[field] = value
+    bad = str(tmp_path / "s.pt")
+    torch.save(state, bad)
+    refused_unchanged(
+        tiny_net().initialize(), {**saved, "f_grad_scaler": bad},
+        re.escape(f"f_grad_scaler file {bad!r} holds an invalid loss-scaler state"),
+        re.escape(f"'{field}' = {value} (int)"), re.escape("at most 2**31 - 1"),
+    )
+
+
+def test_scaler_file_with_the_largest_streak_loads_and_trains(tmp_path, saved, data):
+    state = torch.load(saved["f_grad_scaler"], weights_only=True)
+    state["_overflow_streak"] = 2**31 - 2
+    state["hysteresis"] = 2**31 - 1
+    path = str(tmp_path / "s.pt")
+    torch.save(state, path)
+    net = tiny_net(grad_scaler__hysteresis=2**31 - 1).initialize()
+    net.load_params(**{**saved, "f_grad_scaler": path})
+    assert net.grad_scaler_._overflow_streak == 2**31 - 2
+    quietly(net.partial_fit, *data)
+    assert math.isfinite(net.grad_scaler_.get_scale())
+
+
+# ---- 18.5 scheduler states are range-checked, not only type-checked --------------
+
+_SCHEDULERS = {
+    "StepLR": dict(step_size=1, gamma=0.5),
+    "MultiStepLR": dict(milestones=[1, 3], gamma=0.5),
+    "ExponentialLR": dict(gamma=0.9),
+    "LinearLR": dict(start_factor=0.5, total_iters=3),
+    "PolynomialLR": dict(total_iters=4, power=2.0),
+    "CosineAnnealingLR": dict(T_max=4),
+    "ReduceLROnPlateau": dict(monitor="train_loss", factor=0.5),
+    "OneCycleLR": dict(max_lr=0.1, total_steps=40),
+}
+
+
+def _policy_checkpoint(tmp_path, data, policy):
+    """A checkpoint after one epoch with an LRScheduler of ``policy``."""
+    cb = LRScheduler(getattr(torch.optim.lr_scheduler, policy), **_SCHEDULERS[policy])
+    cp = Checkpoint(monitor=None, dirname=str(tmp_path / policy))
+    torch.manual_seed(0)
+    quietly(tiny_net(callbacks=[cb, cp], max_epochs=1).fit, *data)
+    return cp
+
+
+def _policy_net(policy):
+    cb = LRScheduler(getattr(torch.optim.lr_scheduler, policy), **_SCHEDULERS[policy])
+    return tiny_net(callbacks=[cb]).initialize()
+
+
+def _edit_scheduler_state(cp, edit):
+    path = os.path.join(cp.dirname, "lr_schedulers.json")
+    data = json.loads(Path(path).read_text())
+    edit(data["schedulers"]["LRScheduler"]["state"])
+    Path(path).write_text(json.dumps(data))
+    return path
+
+
+def _set(key, value):
+    def edit(state):
+        state[key] = value
+    return edit
+
+
+_NAN, _INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize(
+    "policy, edit, problem",
+    [
+        ("StepLR", _set("step_size", 0), r"\['step_size'\] = 0 \(int\) must be an int in \[1, 2\*\*53\]"),
+        ("StepLR", _set("gamma", _NAN), r"\['gamma'\] = nan \(float\) must be a finite number in \(0, 1000\]"),
+        ("StepLR", _set("gamma", -1e300), r"\['gamma'\] = -1e\+300 \(float\) must be a finite number in \(0,"),
+        ("StepLR", _set("gamma", 1e300), r"\['gamma'\] = 1e\+300 \(float\) must be a finite number in \(0,"),
+        ("StepLR", _set("last_epoch", -5), r"\['last_epoch'\] = -5 \(int\) must be an int in \[-1, 2\*\*53\]"),
+        ("StepLR", _set("_step_count", 2**60), r"\['_step_count'\] = 1152921504606846976 \(int\) must be an int"),
+        ("StepLR", _set("base_lrs", [-0.1]), r"\['base_lrs'\] = \[-0.1\] \(list\) must be a list of finite numbers >= 0"),
+        ("StepLR", _set("_last_lr", [_INF]), r"\['_last_lr'\] = \[inf\] \(list\) must be a list of finite"),
+        ("MultiStepLR", _set("milestones", {"x": 1}), r"\['milestones'\] = \{'x': 1\} \(dict\) must map epochs"),
+        ("MultiStepLR", _set("milestones", {"2": -1}), r"\['milestones'\] = Counter\(\{2: -1\}\) \(Counter\) must map"),
+        ("MultiStepLR", _set("gamma", _NAN), r"\['gamma'\] = nan \(float\) must be a finite number"),
+        ("ExponentialLR", _set("gamma", 0.0), r"\['gamma'\] = 0.0 \(float\) must be a finite number in \(0, 1000\]"),
+        ("LinearLR", _set("start_factor", 0.0), r"\['start_factor'\] = 0.0 \(float\) must be a finite number in \(0, 1\]"),
+        ("LinearLR", _set("end_factor", 2.0), r"\['end_factor'\] = 2.0 \(float\) must be a finite number in \[0, 1\]"),
+        ("PolynomialLR", _set("total_iters", 0), r"\['total_iters'\] = 0 \(int\) must be an int in \[1, 2\*\*53\]"),
+        ("PolynomialLR", _set("power", -1.0), r"\['power'\] = -1.0 \(float\) must be a finite number in \[0, 1000\]"),
+        ("CosineAnnealingLR", _set("T_max", 0), r"\['T_max'\] = 0 \(int\) must be a finite number in \(0, "),
+        ("CosineAnnealingLR", _set("eta_min", -1.0), r"\['eta_min'\] = -1.0 \(float\) must be a finite number in \[0, inf\]"),
+        ("ReduceLROnPlateau", _set("factor", 1.5), r"\['factor'\] = 1.5 \(float\) must be a finite number in \[0, 1\)"),
+        ("ReduceLROnPlateau", _set("patience", -1), r"\['patience'\] = -1 \(int\) must be an int in \[0, 2\*\*53\]"),
+        ("ReduceLROnPlateau", _set("best", _NAN), r"\['best'\] = nan \(float\) must be a number \(not NaN\)"),
+        ("ReduceLROnPlateau", _set("mode", "up"), r"\['mode'\] = 'up' \(str\) must be one of 'min', 'max'"),
+        ("OneCycleLR", _set("total_steps", 0), r"\['total_steps'\] = 0 \(int\) must be an int in \[1, 2\*\*53\]"),
+        (
+            "OneCycleLR",
+            lambda s: s["_schedule_phases"][0].update(start_lr="lr"),
+            r"\['_schedule_phases'\]\[0\]\['start_lr'\] = 'lr' \(str\) must be one of",
+        ),
+        (   # every field in range, but the phases end on the same step: the trial step divides by zero
+            "OneCycleLR",
+            lambda s: [p.update(end_step=2.0) for p in s["_schedule_phases"]],
+            r"makes the scheduler fail to step \(ZeroDivisionError",
+        ),
+    ],
+)
+@pytest.mark.parametrize("path", ["LoadInitState", "load_params"])
+def test_scheduler_fields_out_of_range_are_refused(tmp_path, data, policy, edit, problem, path):
+    """Issue 18: step_size 0 crashed the resumed fit (ZeroDivisionError);
+    gamma NaN or -1e300 loaded and made the learning rate NaN or -3.6e298."""
+    cp = _policy_checkpoint(tmp_path, data, policy)
+    target = _edit_scheduler_state(cp, edit)
+    net = _policy_net(policy)
+    cb = dict(net.callbacks_)["LRScheduler"]
+    if path == "load_params":
+        cb.on_train_begin(net)  # running, as during training
+    scheduler_before = copy.deepcopy(cb.lr_scheduler_.state_dict()) if cb.lr_scheduler_ else None
+    before = snapshot(net)
+    with pytest.raises(ValueError, match=problem) as info:
+        if path == "LoadInitState":
+            LoadInitState(cp).initialize().on_train_begin(net)
+        else:
+            net.load_params(checkpoint=cp)
+    info.match(re.escape(f"f_lr_schedulers file {target!r} holds an invalid state for scheduler 'LRScheduler'"))
+    info.match(re.escape("schedulers['LRScheduler']['state']"))
+    assert differences(snapshot(net), before) == []
+    if path == "load_params":
+        assert differences(cb.lr_scheduler_.state_dict(), scheduler_before) == []
+
+
+@pytest.mark.parametrize("policy", sorted(_SCHEDULERS))
+def test_every_stock_scheduler_resumes_as_saved(tmp_path, data, policy):
+    """The range checks accept what the schedulers save; MultiStepLR's
+    milestones (a Counter, whose int keys JSON turns into strings) resume
+    as ints (before issue 18 a MultiStepLR checkpoint could not be loaded)."""
+    cp = _policy_checkpoint(tmp_path, data, policy)
+    saved = json.loads(Path(cp.dirname, "lr_schedulers.json").read_text())["schedulers"]["LRScheduler"]
+    net = _policy_net(policy)
+    cb = dict(net.callbacks_)["LRScheduler"]
+    lis = LoadInitState(cp).initialize()
+    lis.on_train_begin(net)
+    cb.on_train_begin(net)
+    lis.on_epoch_begin(net)  # restores the saved scheduler state
+    state = cb.lr_scheduler_.state_dict()
+    assert json.loads(json.dumps(state)) == saved["state"]
+    if policy == "MultiStepLR":
+        assert state["milestones"] == {1: 1, 3: 1} and all(type(k) is int for k in state["milestones"])
+    assert net.optimizer_.param_groups[0]["lr"] == pytest.approx(saved["state"]["_last_lr"][0])
+
+
+# ---- 18.6 a rolled-back load leaves no amp_fp32_modules='auto' choice behind -------
+
+
+def test_rolled_back_load_undoes_the_saved_auto_choice(tmp_path, saved, monkeypatch, data):
+    """Issue 18: the parameters file's load hook recorded its saved 'auto'
+    choice, and a rollback kept it: the net then trained with the saved
+    layout instead of probing its own."""
+    from ampnet.precision.auto import METADATA_KEY, find_auto_hooks
+
+    net = tiny_net(amp_fp32_modules="auto").initialize()
+    assert net.amp_layout_.auto_fp32_modules is None  # the first fit probes
+    state = net.module_.state_dict()
+    state._metadata[""][METADATA_KEY] = ["hidden"]
+    params = str(tmp_path / "auto.pt")
+    torch.save(state, params)
+
+    def fail(state):
+        raise Boom("disk gone")
+
+    monkeypatch.setattr(net.grad_scaler_, "load_state_dict", fail)
+    with pytest.raises(ValueError, match="Everything was rolled back"):
+        net.load_params(f_params=params, f_grad_scaler=saved["f_grad_scaler"])
+    assert find_auto_hooks(net.module_).loaded is None
+    monkeypatch.undo()
+    quietly(net.partial_fit, *data)
+    assert net.amp_layout_.auto_fp32_modules == ()  # its own probe: Tiny never overflows
+    # without the failure the saved choice is taken
+    other = tiny_net(amp_fp32_modules="auto").initialize()
+    other.load_params(f_params=params)
+    quietly(other.partial_fit, *data)
+    assert other.amp_layout_.auto_fp32_modules == ("hidden",)
+
+
+# ---- 18.7 export with an integer X_example -----------------------------------------
+
+
+def test_export_with_integer_features_is_refused_clearly(tmp_path, fitted, data):
+    """Issue 18: an integer X_example wrote an ONNX file that ONNX Runtime
+    could not load (Gemm bound to int64 and float)."""
+    pytest.importorskip("onnxscript")
+    X = np.round(data[0][:4] * 10).astype(np.int64)
+    for fmt, name in (("onnx", "m.onnx"), ("torch.export", "m.pt2")):
+        with pytest.raises(ValueError, match=r"X_example holds int64 values, but Tiny fails on them \(RuntimeError") as info:
+            fitted.export(str(tmp_path / name), X, format=fmt)
+        info.match(r"Fix: pass X_example.astype\(numpy.float32\)")
+        assert os.listdir(tmp_path) == []
+    # the float version exports and runs in ONNX Runtime
+    ort = pytest.importorskip("onnxruntime")
+    path = fitted.export(str(tmp_path / "m.onnx"), X.astype(np.float32))
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    out = session.run(None, {"input": X.astype(np.float32)})[0]
+    assert out.dtype == np.float32
+    assert np.allclose(out, fitted.predict_proba(X.astype(np.float32)), atol=5e-3)
+
+
+class Embedded(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(10, 4)
+        self.out = torch.nn.Linear(4, 2)
+
+    def forward(self, X):
+        return torch.softmax(self.out(self.emb(X).mean(1)), dim=-1)
+
+
+def test_export_keeps_integer_input_for_an_embedding(tmp_path):
+    ort = pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    X = np.random.RandomState(0).randint(0, 10, size=(32, 3)).astype(np.int64)
+    y = (X[:, 0] > 4).astype(np.int64)
+    torch.manual_seed(0)
+    net = AmpNetClassifier(Embedded, max_epochs=1, train_split=None, verbose=0).fit(X, y)
+    path = net.export(str(tmp_path / "e.onnx"), X[:4])
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    assert session.get_inputs()[0].type == "tensor(int64)"
+    assert np.allclose(session.run(None, {"input": X[:8]})[0], net.predict_proba(X[:8]), atol=1e-5)
+
+
+# ---- 18.8 a failed save or export leaves no temporary file -----------------------
+
+
+def _debris(*folders):
+    return [
+        os.path.join(folder, name) for folder in folders for name in os.listdir(folder)
+        if name.endswith(TEMP_SUFFIX)
+    ]
+
+
+def test_export_onto_a_directory_or_an_empty_path_leaves_nothing(tmp_path, fitted, data, monkeypatch):
+    """Issue 18: a failed export onto a directory left a model-sized
+    .ampnet-tmp file; export('') left one in the parent of the working
+    directory."""
+    work = tmp_path / "work"
+    (work / "model.pt2").mkdir(parents=True)
+    monkeypatch.chdir(work)
+    with pytest.raises(ValueError, match=r"path must name a file; got 'model.pt2', a directory"):
+        fitted.export("model.pt2", data[0][:4], format="torch.export")
+    with pytest.raises(ValueError, match=r"path must name a file; got '', which names no file"):
+        fitted.export("", data[0][:4], format="torch.export")
+    assert _debris(work, tmp_path, work / "model.pt2") == []
+    assert sorted(os.listdir(work)) == ["model.pt2"] and os.listdir(work / "model.pt2") == []
+
+
+def test_a_failed_rename_removes_its_temporary_file(tmp_path, fitted, monkeypatch):
+    """The last step of a one-file save (the rename) fails: the temporary
+    file goes, and the error names the target."""
+    target = tmp_path / "params.pt"
+    target.write_bytes(b"old")
+
+    def refuse(src, dst):
+        raise PermissionError(errno.EACCES, "Permission denied", dst)
+
+    monkeypatch.setattr(os, "replace", refuse)
+    with pytest.raises(PermissionError, match=re.escape(f"Could not write {str(target)!r}: Permission denied")):
+        fitted.save_params(f_params=str(target))
+    monkeypatch.undo()
+    assert _debris(tmp_path) == [] and target.read_bytes() == b"old"
+    with pytest.raises(IsADirectoryError, match="it is a directory. Nothing was written"):
+        fitted.save_params(f_params=str(tmp_path))
+    assert _debris(tmp_path, tmp_path.parent) == []
+
+
+# ---- 18.9 one writer per directory ---------------------------------------------------
+
+
+def _plant_lock(directory, pid, host=None, age=0.0):
+    """A lock file as another writer leaves it."""
+    import socket
+    import time
+
+    from ampnet.io.lock import LOCK_NAME
+
+    path = os.path.join(directory, LOCK_NAME)
+    Path(path).write_text(json.dumps({
+        "ampnet_lock_version": 1, "pid": pid, "host": host or socket.gethostname(),
+        "token": "f" * 32, "since": time.time() - age,
+    }))
+    if age:
+        os.utime(path, (time.time() - age, time.time() - age))
+    return path
+
+
+def test_a_second_writer_is_refused_and_removes_nothing(tmp_path, fitted):
+    """Issue 18: the second writer's orphan cleanup deleted the first one's
+    temporary files, and the first then died with FileNotFoundError and the
+    advice to free space."""
+    from ampnet.exceptions import AmpStateError
+    from ampnet.io.lock import DirectoryLockedError
+
+    target = tmp_path / "params.pt"
+    target.write_bytes(b"old")
+    first = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        lock = _plant_lock(tmp_path, first.pid)
+        pending = tmp_path / f".params.pt.0123456789ab{TEMP_SUFFIX}"  # the first writer's
+        pending.write_bytes(b"half")
+        with pytest.raises(DirectoryLockedError) as info:
+            fitted.save_params(f_params=str(target), f_history=str(tmp_path / "history.json"))
+        assert isinstance(info.value, OSError) and isinstance(info.value, AmpStateError)
+        info.match(re.escape(f"Cannot save into {str(tmp_path)!r}: process {first.pid} on host "))
+        info.match(re.escape(f"is saving there (lock file {lock!r})"))
+        info.match("one writer per directory")
+        assert pending.read_bytes() == b"half" and target.read_bytes() == b"old"
+        assert sorted(os.listdir(tmp_path)) == sorted([".ampnet-lock", pending.name, "params.pt"])
+        with pytest.raises(DirectoryLockedError):
+            fitted.export(str(tmp_path / "m.pt2"), make_data()[0][:4], format="torch.export")
+    finally:
+        first.kill()
+        first.wait()
+    # the writer is gone: its lock is stale, and its temporary file an orphan
+    fitted.save_params(f_params=str(target))
+    assert sorted(os.listdir(tmp_path)) == ["params.pt"]
+
+
+def test_a_lock_from_another_host_is_taken_over_only_when_old(tmp_path, fitted):
+    from ampnet.io.lock import STALE_AFTER_S, DirectoryLockedError
+
+    _plant_lock(tmp_path, 1, host="elsewhere", age=STALE_AFTER_S / 2)
+    with pytest.raises(DirectoryLockedError, match="process 1 on host 'elsewhere'"):
+        fitted.save_params(f_params=str(tmp_path / "p.pt"))
+    _plant_lock(tmp_path, 1, host="elsewhere", age=STALE_AFTER_S + 60)
+    fitted.save_params(f_params=str(tmp_path / "p.pt"))
+    assert sorted(os.listdir(tmp_path)) == ["p.pt"]
+
+
+def _save_repeatedly(dirname, seed, rounds, out):  # runs in a child process
+    import warnings as w
+
+    w.simplefilter("ignore")
+    from ampnet.io.lock import DirectoryLockedError
+
+    torch.manual_seed(seed)
+    net = tiny_net().initialize()
+    outcomes = []
+    for _ in range(rounds):
+        try:
+            net.save_params(**paths(dirname))
+            outcomes.append("saved")
+        except DirectoryLockedError:
+            outcomes.append("locked")
+        except BaseException as exc:  # any other error is a finding
+            outcomes.append(f"{type(exc).__name__}: {exc}")
+    out.put(outcomes)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="forks two writers")
+def test_two_processes_checkpointing_into_one_directory(tmp_path):
+    """Each save either commits or gets DirectoryLockedError; the folder
+    ends as one whole checkpoint without temporary files."""
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    writers = [ctx.Process(target=_save_repeatedly, args=(str(tmp_path), s, 25, out)) for s in (1, 2)]
+    for p in writers:
+        p.start()
+    outcomes = [out.get(timeout=120) for _ in writers]
+    for p in writers:
+        p.join(timeout=60)
+    assert [p.exitcode for p in writers] == [0, 0]
+    flat = [o for per in outcomes for o in per]
+    assert set(flat) <= {"saved", "locked"}, [o for o in flat if o not in ("saved", "locked")][:3]
+    assert len(flat) == 50 and flat.count("saved") >= 1
+    assert not [n for n in os.listdir(tmp_path) if n.endswith(TEMP_SUFFIX) or n.startswith(".ampnet")]
+    net = tiny_net().initialize()
+    net.load_params(**paths(tmp_path))
+
+
+def test_write_errors_give_advice_for_their_cause(tmp_path, fitted, monkeypatch):
+    """A temporary file removed under a writer is not a full disk."""
+    from ampnet.io import atomic
+
+    real = atomic._fsync_file
+
+    def vanish(path):
+        os.remove(path)
+        real(path)
+
+    monkeypatch.setattr(atomic, "_fsync_file", vanish)
+    with pytest.raises(FileNotFoundError) as info:
+        fitted.save_params(f_params=str(tmp_path / "p.pt"))
+    assert "free space" not in str(info.value)
+    info.match("check that the directory exists and that no other program removes files in it")
+
+
+# ---- 18.10 saved 'auto' names, criteria that return no tensor, float64 outputs ----
+
+
+@pytest.mark.parametrize(
+    "choice, problem",
+    [
+        (["*"], r"\['\*'\] is not a module of Tiny"),
+        (["../../etc"], r"\['../../etc'\] is not a module of Tiny"),
+        (["hidden", "nothere"], r"\['nothere'\] is not a module of Tiny"),
+        (["hidden", "hidden"], "it names a module twice"),
+        ("hidden", "expected a list of module names, got str"),
+        ([f"m{i}" for i in range(10**5)], r"\['m0', 'm1', .*'m7'\]\[:8\] \(of 100000\) are not modules"),
+    ],
+)
+def test_saved_auto_choice_must_name_the_modules(tmp_path, saved, choice, problem):
+    """Issue 18: ['*'], ['../../etc'] and unknown names were taken into
+    amp_layout_; a list of 10**5 names was echoed in full in a warning."""
+    from ampnet.precision.auto import METADATA_KEY
+
+    net = tiny_net(amp_fp32_modules="auto").initialize()
+    state = torch.load(saved["f_params"], weights_only=True)
+    state._metadata[""][METADATA_KEY] = choice
+    bad = str(tmp_path / "p.pt")
+    torch.save(state, bad)
+    info = refused_unchanged(
+        net, {"f_params": bad}, re.escape(f"f_params file {bad!r} holds an invalid amp_fp32_modules='auto' choice"),
+        problem,
+    )
+    assert len(str(info.value)) < 1000
+    # loaded directly into the module, the choice is ignored with a short warning
+    with pytest.warns(AmpWarning, match="it was ignored") as record:
+        net.module_.load_state_dict(state)
+    assert len(str(record[0].message)) < 1000
+    from ampnet.precision.auto import find_auto_hooks
+
+    assert find_auto_hooks(net.module_).loaded is None
+
+
+def test_a_long_different_choice_is_reported_briefly(data):
+    from ampnet.precision.auto import METADATA_KEY
+
+    class Deep(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(30)])
+            self.out = torch.nn.Linear(4, 2)
+
+        def forward(self, X):
+            return torch.softmax(self.out(self.layers(X)), dim=-1)
+
+    net = tiny_net(Deep, amp_fp32_modules="auto", max_epochs=1)
+    quietly(net.fit, *data)
+    state = net.module_.state_dict()
+    state._metadata[""][METADATA_KEY] = [f"layers.{i}" for i in range(30)]
+    with pytest.warns(AmpWarning, match=r"keeping \['layers.0', .*'layers.7'\]\[:8\] \(of 30\) in float32") as record:
+        net.module_.load_state_dict(state)
+    assert "layers.8'" not in str(record[0].message)
+
+
+class TupleLoss(torch.nn.NLLLoss):
+    def forward(self, y_pred, y_true):
+        loss = super().forward(torch.log(y_pred), y_true)
+        return loss, {"nll": loss.detach()}
+
+
+class FloatLoss(torch.nn.NLLLoss):
+    def forward(self, y_pred, y_true):
+        return super().forward(torch.log(y_pred), y_true).detach().item()
+
+
+@pytest.mark.parametrize("criterion, what", [(TupleLoss, "a tuple of 2"), (FloatLoss, "a float")])
+@pytest.mark.parametrize("amp", [True, False])
+def test_a_criterion_that_returns_no_tensor_gets_a_clear_type_error(data, criterion, what, amp):
+    """Issue 18: AttributeError: 'tuple' object has no attribute 'backward'."""
+    net = tiny_net(criterion=criterion, **({} if amp else {"amp_enabled": False, "amp_dtype": "auto"}))
+    with pytest.raises(TypeError, match=f"The criterion {criterion.__name__} returned {what} ") as info:
+        quietly(net.fit, *data)
+    info.match("get_loss must return the loss as a floating tensor")
+    info.match("Fix: make the criterion's forward return the loss tensor")
+
+
+class Float64Out(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 2)
+
+    def forward(self, X):
+        return torch.softmax(self.lin(X).double(), dim=-1)
+
+
+@pytest.mark.parametrize("precision", ["float16", "bfloat16"])
+def test_predict_proba_is_float32_with_amp_whatever_the_module_returns(data, precision):
+    """Issue 18: a module returning float64 made predict_proba float64 with
+    AMP on, although the README says float32."""
+    net = tiny_net(Float64Out, precision=precision, max_epochs=1)
+    quietly(net.fit, *data)
+    proba = net.predict_proba(data[0][:8])
+    assert proba.dtype == np.float32
+    assert net.forward(data[0][:8]).dtype == torch.float32
+    assert np.allclose(proba.sum(1), 1.0, atol=1e-3)
+    off = tiny_net(Float64Out, amp_enabled=False, amp_dtype="auto", max_epochs=1)
+    quietly(off.fit, *data)
+    assert off.predict_proba(data[0][:8]).dtype == np.float64  # AMP off: skorch's behaviour

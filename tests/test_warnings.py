@@ -2,8 +2,14 @@
 attributed to the user's line (not to skorch's or ampnet's)."""
 
 import inspect
+import os
 import re
+import subprocess
+import sys
+import threading
 import warnings
+
+import joblib
 
 import numpy as np
 import pytest
@@ -76,10 +82,11 @@ def assert_at(warning, line):
 @pytest.mark.parametrize("settings, message", [
     ({"amp_level": "pure"},
      "amp_enabled=False, so amp_level='pure' has no effect: the net trains in float32. "
-     "Set amp_enabled=True to use them, or leave them at their defaults."),
+     "Set amp_enabled=True to use it, or leave it at its default."),
     ({"amp_dtype": "bf16", "amp_fp32_modules": ["out"], "amp_master_weights": False},
      "amp_enabled=False, so amp_dtype='bf16', amp_master_weights=False, "
-     "amp_fp32_modules=['out'] have no effect"),
+     "amp_fp32_modules=['out'] have no effect: the net trains in float32. Set amp_enabled=True to "
+     "use them, or leave them at their defaults."),
     ({"amp_modules": "hidden", "grad_scaler__init_scale": 8.0},
      "amp_enabled=False, so amp_modules='hidden' has no effect"),
     ({"amp_enabled": True, "amp_dtype": "bf16", "amp_master_weights": False},
@@ -161,8 +168,10 @@ def test_training_step_warning_points_at_fit():
     with Recorder() as rec:
         line = here()
         net.fit(X, y)
-    (w,) = rec.amp("holds NaN or inf")
+    (w,) = rec.amp("holds NaN or inf in its input")
     assert_at(w, line)
+    (end,) = rec.amp("non-finite training loss")  # the NaN batch's loss, at the end of fit
+    assert_at(end, line)
 
 
 def test_callback_warning_points_at_fit(tmp_path):
@@ -198,3 +207,72 @@ def test_warning_inside_grid_search_points_at_the_search():
     assert found  # one per fit: two folds and the refit
     for w in found:
         assert_at(w, line)
+
+
+# ---- warnings from parallel searches point at the search --------------------
+
+
+def test_warning_in_a_thread_points_at_the_line_waiting_for_it():
+    """No frame of a worker thread is the user's (threading.py runs the target):
+    the warning points at the user's line in the main thread."""
+    X, y = data()
+    net = make_net(amp_level="pure")
+    with Recorder() as rec:
+        worker = threading.Thread(target=net.fit, args=(X, y))
+        worker.start()
+        line = here()
+        worker.join()
+    (w,) = rec.amp("no effect")
+    assert_at(w, line)
+
+
+def test_warning_in_a_threading_search_points_at_the_search():
+    X, y = data(64)
+    search = GridSearchCV(make_net(), {"amp_level": ["pure"]}, cv=2, scoring="accuracy", n_jobs=2)
+    with Recorder() as rec, joblib.parallel_backend("threading"):
+        line = here()
+        search.fit(X, y)
+    found = rec.amp("no effect")
+    assert found
+    for w in found:
+        assert_at(w, line)
+
+
+SEARCH_SCRIPT = '''
+import numpy as np, torch
+from sklearn.model_selection import GridSearchCV
+from ampnet import AmpNetClassifier
+
+class Tiny(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 2)
+
+    def forward(self, X):
+        return torch.softmax(self.lin(X), -1)
+
+if __name__ == "__main__":
+    X = np.random.RandomState(0).randn(64, 4).astype(np.float32)
+    y = (X[:, 0] > 0).astype(np.int64)
+    net = AmpNetClassifier(Tiny, max_epochs=1, train_split=None, verbose=0)
+    search = GridSearchCV(net, {"amp_level": ["pure"]}, cv=2, n_jobs=2)
+    search.fit(X, y)  # the user's line
+'''
+
+
+@pytest.mark.slow
+def test_warning_in_a_loky_worker_points_at_the_search(tmp_path):
+    """joblib's default backend fits in worker processes, where no frame is the
+    user's: the warnings pointed at multiprocessing/process.py."""
+    script = tmp_path / "search.py"
+    script.write_text(SEARCH_SCRIPT)
+    line = SEARCH_SCRIPT.splitlines().index("    search.fit(X, y)  # the user's line") + 1
+    root = os.path.dirname(os.path.dirname(os.path.abspath(ampnet.__file__)))
+    env = {**os.environ, "PYTHONPATH": root, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "default"}
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env,
+                            cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr
+    warned = [s for s in result.stderr.splitlines() if "AmpWarning:" in s]
+    assert len(warned) == 3, result.stderr  # two folds in the workers, the refit here
+    for s in warned:
+        assert s.startswith(f"{script}:{line}: AmpWarning: amp_enabled=False, so amp_level='pure'"), s

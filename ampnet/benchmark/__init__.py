@@ -4,7 +4,7 @@ top-level package :mod:`ampnet_bench` (installed with ampnet), so that
 
 
 def main(argv=None) -> int:
-    """Run the benchmark (see :func:`ampnet_bench.cli.main`)."""
+    """Run the benchmark (see ``ampnet_bench.cli.main``)."""
     from ampnet_bench.cli import main as bench_main
 
     return bench_main(argv)

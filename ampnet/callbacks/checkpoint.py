@@ -82,7 +82,7 @@ class Checkpoint(SkorchCheckpoint):
         "skorch's :class:`skorch.callbacks.Checkpoint` that also saves the loss-scaler\n"
         "    and RNG states, and writes every checkpoint crash-safe: a process killed\n"
         "    during a save leaves the previous checkpoint whole (see\n"
-        "    :meth:`ampnet.AmpNet.save_params`). Errors while saving are raised, not\n"
+        "    :meth:`ampnet.AmpNetMixin.save_params`). Errors while saving are raised, not\n"
         "    sent to ``sink``. With ``load_best=True`` the best checkpoint is loaded\n"
         "    without its RNG state, so that code after ``fit`` draws fresh numbers.\n",
         SkorchCheckpoint.__doc__,

@@ -23,7 +23,10 @@ each directory holds its whole old or whole new files.
 Write errors (a full disk) raise an OSError naming the target file; the
 old files are then unchanged.
 
-Assumes one writer per directory at a time, as a checkpoint has.
+One writer per directory: a save holds the directory's lock file
+(:mod:`ampnet.io.lock`) while it writes, so a second writer gets a
+:class:`~ampnet.io.lock.DirectoryLockedError` and never removes the first
+one's temporary files.
 """
 
 from __future__ import annotations
@@ -37,10 +40,13 @@ import stat
 import uuid
 from typing import Any, Callable, Iterable, Mapping
 
+from ampnet.io.kinds import JOURNAL_MAX_BYTES
+from ampnet.io.lock import DirectoryLock, DirectoryLockedError, directory_locks
+from ampnet.io.reading import read_untrusted
 from ampnet.validation import MAX_DEPTH, describe, nesting_depth
 
 __all__ = [
-    "atomic_write_group", "recover", "is_path", "read_json", "same_file_key", "TEMP_SUFFIX",
+    "atomic_write_group", "recover", "is_path", "read_json", "write_key", "TEMP_SUFFIX",
     "JOURNAL_NAME",
 ]
 
@@ -51,9 +57,6 @@ TEMP_SUFFIX = ".ampnet-tmp"
 JOURNAL_NAME = ".ampnet-journal.json"
 
 _JOURNAL_VERSION = 1
-
-#: A journal lists a few renames; anything larger is not one of ampnet's.
-_JOURNAL_MAX_BYTES = 1 << 20
 
 _JOURNAL_KEYS = ("ampnet_journal_version", "moves", "journals")
 
@@ -68,22 +71,26 @@ def is_path(target: Any) -> bool:
     return isinstance(target, (str, os.PathLike))
 
 
-def read_json(target: Any, source: str, what: str) -> Any:
-    """Parse JSON from a path or an open file, nested at most
+def read_json(target: Any, source: str, what: str, max_bytes: int) -> Any:
+    """Parse JSON from a path (opened as :func:`ampnet.io.reading.open_untrusted`
+    does) or an open file, at most ``max_bytes`` long and nested at most
     :data:`ampnet.validation.MAX_DEPTH` levels deep.
 
     Raises
     ------
     ValueError
       ``"{source} is not {what} (...)"`` for content that is not UTF-8 JSON
-      or is nested too deeply.
+      or is nested too deeply; see :func:`~ampnet.io.reading.open_untrusted`
+      for links, special files and sizes.
     """
+    if is_path(target):
+        raw = read_untrusted(target, source, max_bytes)
+    else:
+        raw = target.read(max_bytes + 1)
+        if len(raw) > max_bytes:
+            raise ValueError(f"{source} is larger than {max_bytes} bytes; it is not {what}.")
     try:
-        if is_path(target):
-            with open(target, "rb") as f:
-                data = json.load(f)
-        else:
-            data = json.load(target)
+        data = json.loads(raw)
     except (ValueError, RecursionError) as exc:  # also UnicodeDecodeError
         reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
         raise ValueError(f"{source} is not {what} ({reason}).") from exc
@@ -97,16 +104,29 @@ def read_json(target: Any, source: str, what: str) -> Any:
     return data
 
 
+#: What to do about a write error, by errno.
+_ADVICE = {
+    errno.ENOSPC: "free space or choose another directory",
+    getattr(errno, "EDQUOT", -1): "free space (the disk quota is used up) or choose another directory",
+    errno.EFBIG: "raise the file size limit (ulimit -f) or choose another directory",
+    errno.EACCES: "check the permissions of the directory, or choose another one",
+    errno.EPERM: "check the permissions of the directory, or choose another one",
+    errno.EROFS: "choose a directory on a writable file system",
+    errno.ENOENT: "check that the directory exists and that no other program removes files "
+    "in it while ampnet saves",
+}
+
+
 def _write_error(target: str, exc: OSError) -> OSError:
-    """An OSError that names ``target`` and the cause of ``exc``."""
+    """An OSError that names ``target``, the cause of ``exc`` and what to do."""
     cause = exc.strerror or str(exc) or type(exc).__name__
     if exc.errno == errno.ENOSPC:
         cause = "the disk is full (" + cause + ")"
+    advice = _ADVICE.get(exc.errno, "check the directory and the file system")
     error = OSError(
         exc.errno,
         f"Could not write {target!r}: {cause}. Nothing of this save was committed; "
-        "the previous files are unchanged. Fix: free space or choose another directory, "
-        "then save again",
+        f"the previous files are unchanged. Fix: {advice}, then save again",
         target,
     )
     return error
@@ -210,10 +230,12 @@ def _read_journal(directory: str, path: str) -> list[tuple[str, str]] | None:
         raise _journal_error(path, "it is a symbolic link")
     if not stat.S_ISREG(info.st_mode):
         raise _journal_error(path, "it is not a regular file")
-    with open(path, "rb") as f:
-        raw = f.read(_JOURNAL_MAX_BYTES + 1)
-    if len(raw) > _JOURNAL_MAX_BYTES:
-        raise _journal_error(path, f"it is larger than {_JOURNAL_MAX_BYTES} bytes")
+    if info.st_size > JOURNAL_MAX_BYTES:
+        raise _journal_error(path, f"it is larger than {JOURNAL_MAX_BYTES} bytes")
+    try:
+        raw = read_untrusted(path, repr(path), JOURNAL_MAX_BYTES)
+    except ValueError as exc:  # swapped for a link or a special file since the check
+        raise _journal_error(path, str(exc)) from exc
     try:
         data = json.loads(raw.decode("utf-8"))
     except (ValueError, RecursionError) as exc:  # also UnicodeDecodeError
@@ -320,13 +342,23 @@ def atomic_write_group(writers: Mapping[Any, Writer]) -> None:
       atomically as one group; file objects are written directly (their
       atomicity is up to their owner).
 
-    Targets are resolved to their real paths (a symbolic link is written
-    through, as ``open`` does).
+    A target that is a symbolic link is replaced by the new file: the link
+    goes, and the file it pointed to is never written (a link planted in a
+    downloaded checkpoint folder cannot redirect a save out of it). Links in
+    the directories above a target are followed.
 
     Raises
     ------
     ValueError
-      Two targets that are the same file; nothing is written then.
+      Two targets that are the same file, or a path without a file name
+      (``''``, a name ending in a separator); nothing is written then.
+
+    IsADirectoryError
+      A target that is an existing directory; nothing is written then.
+
+    DirectoryLockedError
+      Another process is saving into one of the directories (an OSError);
+      nothing is written then.
 
     OSError
       A write that fails (a full disk), naming the target and the cause;
@@ -340,20 +372,34 @@ def atomic_write_group(writers: Mapping[Any, Writer]) -> None:
     seen: set[str] = set()
     for target, write in writers.items():
         if is_path(target):
-            real = os.path.realpath(os.fspath(target))
-            if same_file_key(real) in seen:
+            final = _final_path(target)
+            if os.path.normcase(final) in seen:
                 raise ValueError(
-                    f"Two targets of one save are the same file {real!r}; give each its "
+                    f"Two targets of one save are the same file {final!r}; give each its "
                     "own. Nothing was written."
                 )
-            seen.add(same_file_key(real))
-            paths[real] = write
+            seen.add(os.path.normcase(final))
+            paths[final] = write
     for target, write in writers.items():
         if not is_path(target):
             write(target)
     if not paths:
         return
     directories = sorted({os.path.dirname(p) for p in paths})
+    with contextlib.ExitStack() as stack:
+        try:
+            locks = stack.enter_context(directory_locks(directories))
+        except DirectoryLockedError:
+            raise
+        except OSError as exc:  # the directory cannot be written at all
+            target = next(p for p in paths if exc.filename is None
+                          or os.path.dirname(os.fspath(exc.filename)) == os.path.dirname(p))
+            raise _write_error(target, exc) from exc
+        _commit(paths, directories, locks)
+
+
+def _commit(paths: dict[str, Writer], directories: list[str], locks: list[DirectoryLock]) -> None:
+    """Write and commit the group while holding the directories' locks."""
     recover(directories)
     _remove_orphans(paths)
     moves: list[tuple[str, str]] = []
@@ -366,12 +412,21 @@ def atomic_write_group(writers: Mapping[Any, Writer]) -> None:
                 _fsync_file(temp)
             except OSError as exc:
                 raise _write_error(final, exc) from exc
+            for lock in locks:
+                lock.refresh()
     except BaseException:
         for temp, _ in moves:
             _remove_quietly(temp)
         raise
     if len(moves) == 1:
-        os.replace(*moves[0])
+        temp, final = moves[0]
+        try:
+            os.replace(temp, final)
+        except BaseException as exc:
+            _remove_quietly(temp)
+            if isinstance(exc, OSError):
+                raise _write_error(final, exc) from exc
+            raise
         _fsync_dir(directories[0])
         return
     written = []
@@ -391,8 +446,40 @@ def atomic_write_group(writers: Mapping[Any, Writer]) -> None:
     recover(directories)
 
 
-def same_file_key(target: Any) -> str:
-    """The absolute path of ``target`` with symbolic links resolved and the
-    case folded where the file system ignores it, so that two spellings of
-    one file compare equal."""
-    return os.path.normcase(os.path.realpath(os.fspath(target)))
+def _final_path(target: Any) -> str:
+    """The path a save writes for ``target``: its directory with links
+    resolved, and its own name (a link there is replaced, not followed).
+
+    Raises
+    ------
+    ValueError
+      For a path without a file name.
+
+    IsADirectoryError
+      For an existing directory.
+    """
+    text = os.fspath(target)
+    base = os.path.basename(text)
+    if base in ("", ".", ".."):
+        raise ValueError(
+            f"Cannot save to {text!r}: it names no file (an empty path, or one ending in a "
+            "separator or '.'). Nothing was written. Fix: pass a file name, e.g. 'model.onnx'."
+        )
+    final = os.path.join(os.path.realpath(os.path.dirname(os.path.abspath(text))), base)
+    if os.path.isdir(final) and not os.path.islink(final):
+        raise IsADirectoryError(
+            errno.EISDIR,
+            f"Cannot save to {text!r}: it is a directory. Nothing was written. Fix: pass a "
+            "file name inside it",
+            text,
+        )
+    return final
+
+
+def write_key(target: Any) -> str:
+    """The path a save of ``target`` writes (links in its directories
+    resolved, not its own name), with the case folded where the file
+    system ignores it: two spellings of one target compare equal."""
+    text = os.fspath(target)
+    directory = os.path.realpath(os.path.dirname(os.path.abspath(text)))
+    return os.path.normcase(os.path.join(directory, os.path.basename(text)))

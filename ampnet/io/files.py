@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import pickle
 from collections.abc import Mapping
@@ -13,6 +14,8 @@ from skorch.callbacks import TrainEndCheckpoint as SkorchTrainEndCheckpoint
 from skorch.history import History
 
 from ampnet.io.atomic import is_path, read_json, recover
+from ampnet.io.kinds import max_bytes
+from ampnet.io.reading import check_torch_zip, open_untrusted, read_error, read_untrusted
 from ampnet.validation import (
     all_finite,
     describe,
@@ -30,12 +33,6 @@ def describe_target(key: str, target: Any) -> str:
 
 def attr_of(key: str) -> str:
     return "module_" if key in ("f_params", "f_module") else key[2:] + "_"
-
-
-def _read_error(source: str, exc: OSError) -> OSError:
-    """An OSError (of the same kind) that names ``source`` and the cause."""
-    cause = exc.strerror or str(exc) or type(exc).__name__
-    return OSError(exc.errno, f"{source} could not be read: {cause}", exc.filename)
 
 
 # ---- tensors <-> plain values (the scaler state under safetensors) -------
@@ -66,17 +63,41 @@ def from_tensors(state: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def read_state(target: Any, source: str, safetensors: bool, map_location: Any,
+                load_kwargs: dict[str, Any], limit: int) -> Any:
+    """Read a torch or safetensors file: a path as
+    :func:`ampnet.io.reading.open_untrusted` opens it (at most ``limit`` bytes,
+    a torch file in zip format with uncompressed records), or an open file.
+
+    Raises
+    ------
+    ValueError
+      Naming ``source``: a file that cannot be read as this kind, or that
+      :mod:`ampnet.io.reading` refuses.
+    """
+    if is_path(target):
+        if safetensors:
+            return _read_state(read_untrusted(target, source, limit), source, True,
+                               map_location, load_kwargs)
+        with open_untrusted(target, source, limit) as f:
+            check_torch_zip(f, source)
+            return _read_state(f, source, False, map_location, load_kwargs)
+    return _read_state(target, source, safetensors, map_location, load_kwargs)
+
+
+def _read_state(target: Any, source: str, safetensors: bool, map_location: Any,
                 load_kwargs: dict[str, Any]) -> Any:
     try:
         if safetensors:
-            from safetensors.torch import load, load_file
+            from safetensors.torch import load
 
-            if is_path(target):
-                return load_file(os.fspath(target), device=str(map_location))
-            return load(target.read())
+            data = target if isinstance(target, bytes) else target.read()
+            state = load(data)
+            if map_location is not None and str(map_location) != "cpu":
+                state = {k: v.to(map_location) for k, v in state.items()}
+            return state
         return torch.load(target, map_location=map_location, **load_kwargs)
     except OSError as exc:
-        raise _read_error(source, exc) from exc
+        raise read_error(source, exc) from exc
     except Exception as exc:  # whatever a damaged file makes the readers raise
         hint = (
             " It holds objects other than tensors and plain values, which a safe "
@@ -91,34 +112,58 @@ def read_state(target: Any, source: str, safetensors: bool, map_location: Any,
         ) from exc
 
 
+#: Counters of a history beyond this are not reached by any run.
+_COUNT_MAX = 2**53
+
+#: Epochs are numbered in int32 range (checkpoint names format them).
+_EPOCH_MAX = 2**31 - 1
+
+
+def _history_value_problem(key: str, value: Any) -> str | None:
+    """What is wrong with one entry of an epoch or batch row, by its key."""
+    if key.endswith(("_batch_count", "_batch_size")) or key in ("skipped_steps", "batch_size"):
+        if not (is_int(value) and 0 <= value <= _COUNT_MAX):
+            return f"{key!r} must be an int in [0, 2**53], got {describe(value)}"
+    elif key.endswith("_best") or key == "step_skipped":
+        if not isinstance(value, bool):
+            return f"{key!r} must be true or false, got {describe(value)}"
+    elif key == "dur":
+        if not (is_number(value) and math.isfinite(value) and value >= 0):
+            return f"{key!r} must be a finite number >= 0 (seconds), got {describe(value)}"
+    elif key == "loss_scale":
+        if not (is_number(value) and math.isfinite(value) and value > 0):
+            return f"{key!r} must be a finite number > 0, got {describe(value)}"
+    return None
+
+
 def _history_row_problem(row: dict, previous: int) -> str | None:
     """What in one epoch row skorch or ampnet could not use later."""
     epoch = row.get("epoch", previous + 1)
-    if not (is_int(epoch) and epoch > previous):
+    if not (is_int(epoch) and previous < epoch <= _EPOCH_MAX):
         return (
             f"'epoch' must be an int greater than the previous row's ({previous}), got "
-            f"{describe(epoch)}"
+            f"{describe(epoch)} (epochs are numbered up to 2**31 - 1)"
         )
     batches = row.get("batches", [])
     if not (isinstance(batches, list) and all(isinstance(b, dict) for b in batches)):
         return f"'batches' must be a list of dicts, got {describe(batches)}"
     for place, entries in [("", row)] + [(f"batch {j}: ", b) for j, b in enumerate(batches)]:
         for key, value in entries.items():
-            if key.endswith("_batch_count") and not (is_int(value) and value >= 0):
-                return f"{place}{key!r} must be an int >= 0, got {describe(value)}"
-            if key.endswith("_best") and not isinstance(value, bool):
-                return f"{place}{key!r} must be true or false, got {describe(value)}"
-            if key in ("dur", "batch_size") and not is_number(value):
-                return f"{place}{key!r} must be a number, got {describe(value)}"
+            problem = _history_value_problem(key, value)
+            if problem:
+                return place + problem
     return None
 
 
 def read_history(target: Any, source: str) -> list:
     """Read a history file and check it against skorch's layout: a list of
-    epoch rows, where present an increasing int ``epoch``, ``batches`` (a
-    list of dicts), int ``*_batch_count``, boolean ``*_best`` flags and
-    numeric ``dur``/``batch_size``."""
-    rows = read_json(target, source, "a JSON history")
+    epoch rows, where present an increasing int ``epoch`` (at most
+    2**31 - 1), ``batches`` (a list of dicts), ``*_batch_count``,
+    ``*_batch_size`` and ``skipped_steps`` ints in [0, 2**53], boolean
+    ``*_best`` and ``step_skipped`` flags, ``dur`` finite and >= 0 and
+    ``loss_scale`` finite and > 0. Other entries (losses, scores) may hold
+    any JSON value."""
+    rows = read_json(target, source, "a JSON history", max_bytes("f_history"))
     if not (isinstance(rows, list) and all(isinstance(row, dict) for row in rows)):
         raise ValueError(
             f"{source} is not a skorch history: expected a JSON list of epoch dicts, got "
@@ -188,6 +233,32 @@ def check_module_state(module: torch.nn.Module, state: Any, source: str, attr: s
             f"{source} does not match net.{attr}: {', '.join(parts)}. Was another file "
             "passed (e.g. the optimizer file as f_params), or was the module built with "
             "other sizes? Nothing was loaded."
+        )
+
+
+def check_auto_choice(module: torch.nn.Module, state: Any, source: str) -> None:
+    """Check the ``amp_fp32_modules='auto'`` choice that a parameters file
+    carries in its metadata (:data:`ampnet.precision.auto.METADATA_KEY`):
+    names of the module's own submodules, each once.
+
+    Raises
+    ------
+    ValueError
+      Naming ``source`` and the field.
+    """
+    from ampnet.precision import AUTO_METADATA_KEY as METADATA_KEY, choice_problem, module_root
+
+    metadata = getattr(state, "_metadata", None)
+    root = metadata.get("") if isinstance(metadata, Mapping) else None
+    if not isinstance(root, Mapping) or METADATA_KEY not in root:
+        return
+    problem = choice_problem(module_root(module), root[METADATA_KEY])
+    if problem:
+        raise ValueError(
+            f"{source} holds an invalid amp_fp32_modules='auto' choice in its metadata "
+            f"({METADATA_KEY!r}): {problem}. ampnet saves there the names of the modules its "
+            "probe kept in float32. Nothing was loaded. Fix: pass the parameters that "
+            "save_params wrote for this module."
         )
 
 

@@ -34,7 +34,6 @@ import contextlib
 import os
 import pickle
 from collections.abc import Mapping
-from types import MappingProxyType
 from typing import Any, Callable
 
 import torch
@@ -42,7 +41,7 @@ from skorch.callbacks import LRScheduler
 from skorch.history import History
 from skorch.utils import _check_f_arguments, get_map_location
 
-from ampnet.io.atomic import atomic_write_group, is_path, recover, same_file_key
+from ampnet.io.atomic import atomic_write_group, is_path, recover, write_key
 from ampnet.exceptions import amp_warn
 from ampnet.io.files import (
     describe_target,
@@ -52,12 +51,14 @@ from ampnet.io.files import (
     read_state,
     read_history,
     check_module_state,
+    check_auto_choice,
     resolve_checkpoint,
     checkpoint_files,
     plain,
     text_writer,
     state_writer,
 )
+from ampnet.io.kinds import KINDS, OPTIONAL_FILES, max_bytes
 from ampnet.io.optimizer_state import check_optimizer_state
 from ampnet.io.rng import capture_rng_state, get_rng_state, prepare_rng_state
 from ampnet.io.rollback import (
@@ -68,8 +69,10 @@ from ampnet.io.rollback import (
     snapshot_module,
     snapshot_optimizer,
 )
-from ampnet.precision.compensated import drop_compensation
-from ampnet.precision.scaler_checks import validate_scaler_state
+from ampnet.precision import drop_compensation
+from ampnet.precision import add_saved_choice, plan_saved_choice
+from ampnet.precision import keep_kernels
+from ampnet.precision import validate_scaler_state
 from ampnet.io.schedulers import (
     dumps_lr_scheduler_states,
     plan_lr_schedulers,
@@ -77,16 +80,6 @@ from ampnet.io.schedulers import (
 )
 
 __all__ = ["PersistenceMixin", "checkpoint_files", "resolve_checkpoint"]
-
-#: Checkpoint files that older checkpoints lack; they load with a warning.
-OPTIONAL_FILES = ("f_grad_scaler", "f_rng_state", "f_lr_schedulers")
-
-_CONSEQUENCES = MappingProxyType({
-    "f_grad_scaler": "the loss scale restarts from grad_scaler__init_scale",
-    "f_rng_state": "random numbers (shuffling, dropout) will differ from an uninterrupted run",
-    "f_lr_schedulers": "skorch rebuilds the learning-rate schedulers from the history, "
-    "which is not exact",
-})
 
 #: Entries of a scaler state that are state, not settings.
 _SCALER_TRACKERS = ("scale", "_growth_tracker", "_overflow_streak", "ampnet_scaler_version")
@@ -104,14 +97,17 @@ _MSG_MODULE = (
 
 def _check_distinct_targets(files: dict[str, Any]) -> None:
     """Refuse two ``f_*`` arguments that name one file (or one file object):
-    the later write would replace the earlier one."""
+    the later write would replace the earlier one. A symbolic link is not
+    the file it points to: a save replaces the link itself."""
     seen: list[tuple[str, Any]] = []
     for key, target in files.items():
         for other_key, other in seen:
             if is_path(target) and is_path(other):
-                same = same_file_key(target) == same_file_key(other)
-                if not same and os.path.exists(target) and os.path.exists(other):
-                    same = os.path.samefile(target, other)
+                same = write_key(target) == write_key(other)
+                if not same and not os.path.islink(target) and not os.path.islink(other):
+                    same = os.path.exists(target) and os.path.exists(other) and os.path.samefile(
+                        target, other
+                    )
             else:
                 same = target is other
             if same:
@@ -159,7 +155,7 @@ class PersistenceMixin:
         Every path is written to a temporary file in its directory and
         renamed into place once all files of the call are complete, so a
         process killed at any moment leaves either all old files or all new
-        ones (see :mod:`ampnet.io.atomic`). Open file objects are written
+        ones (see ``ampnet.io.atomic``). Open file objects are written
         directly.
 
         Parameters
@@ -210,8 +206,9 @@ class PersistenceMixin:
         ------
         ValueError
           A state that safetensors cannot store, or two arguments that name
-          the same file (compared as real paths: ``'a.pt'``, ``'./a.pt'``,
-          a symbolic link to it); nothing is written then.
+          the same file (``'a.pt'``, ``'./a.pt'``, a hard link to it); nothing
+          is written then. A target that is a symbolic link is replaced by the
+          new file; the file it pointed to is not written.
 
         OSError
           A write that fails (a full disk): it names the file and the cause,
@@ -255,6 +252,8 @@ class PersistenceMixin:
         if not self.initialized_:
             self.check_is_fitted([attr], msg=_MSG_INIT.format(verb="save"))
         state = self._get_module(attr, msg=_MSG_MODULE.format(verb="save")).state_dict()
+        if attr == "module_":
+            add_saved_choice(self, state)  # amp_enabled='auto': its choice goes with the weights
         if key == "f_grad_scaler" and safetensors:
             state = to_tensors(state)
         return state_writer(state, source, safetensors)
@@ -294,7 +293,7 @@ class PersistenceMixin:
         net's own scaler settings (``grad_scaler__*``) stay in force, and an
         :class:`.AmpWarning` names each setting that differed in the file.
         For loads across precisions (float16, bfloat16, off) see the table
-        in :mod:`ampnet.io.persistence`.
+        in ``ampnet.io.persistence``.
 
         Parameters
         ----------
@@ -405,12 +404,12 @@ class PersistenceMixin:
                 "f_<name>=None for the files it does not have."
             )
         notes = [
-            f"{k} file {os.fspath(files[k])!r} does not exist, so {_CONSEQUENCES[k]}"
+            f"{k} file {os.fspath(files[k])!r} does not exist, so {KINDS[k].consequence}"
             for k in missing
             if self._needs_file(k)
         ]
         notes += [
-            f"it does not save {k} (a skorch Checkpoint?), so {_CONSEQUENCES[k]}"
+            f"it does not save {k} (a skorch Checkpoint?), so {KINDS[k].consequence}"
             for k in absent
             if self._needs_file(k)
         ]
@@ -441,6 +440,7 @@ class PersistenceMixin:
             map_location = get_map_location(self.device)
             device = self._check_device(self.device, map_location)
         safe = {"weights_only": True}
+        choice: Step | None = None
         for key, target in files.items():
             source = describe_target(key, target)
             if key == "f_history":
@@ -451,7 +451,7 @@ class PersistenceMixin:
                     lambda: snapshot_attribute(self, "history"),
                 ))
             elif key == "f_rng_state":
-                state = read_state(target, source, safetensors, "cpu", safe)
+                state = read_state(target, source, safetensors, "cpu", safe, max_bytes(key))
                 rng.append(Step(source, prepare_rng_state(state, source).apply, capture_rng_state))
             elif key == "f_lr_schedulers":
                 data = read_lr_scheduler_states(target, source)
@@ -462,14 +462,20 @@ class PersistenceMixin:
                     self.check_is_fitted([attr], msg=_MSG_INIT.format(verb="load"))
                 obj = self._get_module(attr, msg=_MSG_MODULE.format(verb="load"))
                 if key == "f_grad_scaler":
-                    state = read_state(target, source, safetensors, "cpu", safe)
+                    state = read_state(target, source, safetensors, "cpu", safe, max_bytes(key))
                     if safetensors:
                         state = from_tensors(state)
                     modules.append(self._plan_grad_scaler(state, source))
                     continue
-                state = read_state(target, source, safetensors, map_location, load_kwargs)
+                state = read_state(
+                    target, source, safetensors, map_location, load_kwargs, max_bytes(key)
+                )
                 if isinstance(obj, torch.nn.Module):
                     check_module_state(obj, state, source, attr)
+                    if attr == "module_":
+                        check_auto_choice(obj, state, source)
+                    if attr == "module_":
+                        choice = plan_saved_choice(self, state, source)
                     extra = ()
                     if attr == "module_":
                         extra = tuple((getattr(self, "amp_master_params_", None) or {}).values())
@@ -479,6 +485,7 @@ class PersistenceMixin:
                         modules.append(self._plan_module_without_compensation(obj, state, source, extra, stale))
                         continue
                 elif isinstance(obj, torch.optim.Optimizer):
+                    state = keep_kernels(obj, state)  # the net's fused/foreach, not the file's
                     check_optimizer_state(obj, state, source, attr)
                     snapshot = lambda obj=obj: snapshot_optimizer(obj)  # noqa: E731
                 else:
@@ -486,6 +493,9 @@ class PersistenceMixin:
                 modules.append(
                     Step(source, lambda obj=obj, state=state: obj.load_state_dict(state), snapshot)
                 )
+
+        if choice is not None:  # after the module and optimizer states: they carry over
+            late.append(choice)
 
         def set_device() -> None:
             if device != self.device:
@@ -542,7 +552,7 @@ class PersistenceMixin:
         """Check a scaler state against this net's scaler; return the step
         that loads it.
 
-        See the table in :mod:`ampnet.io.persistence` for each precision pair.
+        See the table in ``ampnet.io.persistence`` for each precision pair.
         """
         scaler = self.grad_scaler_
         snapshot = lambda: snapshot_attributes(scaler)  # noqa: E731

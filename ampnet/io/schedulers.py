@@ -10,14 +10,18 @@ Saving the scheduler's own ``state_dict`` avoids all three.
 
 from __future__ import annotations
 
+import collections
 import copy
 import json
+import warnings
 from typing import Any, Callable
 
 import torch
 from skorch.callbacks import LRScheduler
 
 from ampnet.io.atomic import read_json
+from ampnet.io.kinds import max_bytes
+from ampnet.io.scheduler_fields import decode_state, field_problems, is_stock, trial_problem
 from ampnet.validation import is_bool, type_mismatch
 
 __all__ = ["lr_scheduler_states", "dumps_lr_scheduler_states", "read_lr_scheduler_states",
@@ -72,7 +76,7 @@ def read_lr_scheduler_states(target: Any, source: str) -> dict[str, Any]:
       Naming ``source``: not JSON, not a scheduler-state file, or a newer
       format.
     """
-    data = read_json(target, source, "a JSON file of scheduler states")
+    data = read_json(target, source, "a JSON file of scheduler states", max_bytes("f_lr_schedulers"))
     if not (isinstance(data, dict) and isinstance(data.get("schedulers"), dict)):
         raise ValueError(
             f"{source} is not an ampnet file of learning-rate scheduler states (expected "
@@ -115,10 +119,34 @@ def _state_problem(reference: dict[str, Any], state: dict[str, Any], path: str) 
     if unknown:
         return f"{path} holds keys {unknown[:6]} that the scheduler does not have"
     for key, value in state.items():
+        if key == "milestones" and isinstance(reference[key], collections.Counter):
+            continue  # data, not field names: checked by scheduler_fields
         problem = type_mismatch(reference[key], value, f"{path}[{key!r}]")
         if problem:
             return problem
     return None
+
+
+def _entry_problem(net: Any, cb: LRScheduler, scheduler: Any, entry: dict[str, Any],
+                   path: str) -> tuple[str | None, dict[str, Any]]:
+    """Check one saved scheduler state against ``scheduler`` (the running
+    one, or a scratch one built like it); return the problem, if any, and
+    the state decoded for ``load_state_dict``.
+
+    For torch's stock classes every field is range-checked and a scratch
+    copy steps with the state (:mod:`ampnet.io.scheduler_fields`).
+    """
+    state = decode_state(entry["policy"], entry["state"])
+    problem = _state_problem(scheduler.state_dict(), state, path)
+    if problem or not is_stock(type(scheduler)):
+        return problem, state
+    problems = field_problems(entry["policy"], state, path)
+    if problems:
+        return "; ".join(problems[:4]), state
+    scratch = _scratch_scheduler(net, cb)
+    if scratch is not None:
+        problem = trial_problem(scratch, copy.deepcopy(state), path)
+    return problem, state
 
 
 def _scratch_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
@@ -142,17 +170,16 @@ def _scratch_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimize
     return cls(groups)
 
 
-def _reference_state(net: Any, cb: LRScheduler) -> tuple[str, dict[str, Any]] | None:
-    """The policy name and state_dict of ``cb``'s scheduler: the running one,
-    or a scratch one built like it; None where none can be built."""
-    scheduler = getattr(cb, "lr_scheduler_", None)
-    if scheduler is None:
-        try:
-            policy = cb._get_policy_cls()
-            scheduler = policy(_scratch_optimizer(net.optimizer_), **cb.kwargs)
-        except Exception:  # an exotic scheduler or optimizer: checked when restored
-            return None
-    return type(scheduler).__name__, scheduler.state_dict()
+def _scratch_scheduler(net: Any, cb: LRScheduler) -> Any:
+    """A scheduler of ``cb``'s policy and arguments on a scratch optimizer
+    (see :func:`_scratch_optimizer`); None where none can be built."""
+    try:
+        policy = cb._get_policy_cls()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return policy(_scratch_optimizer(net.optimizer_), **cb.kwargs)
+    except Exception:  # an exotic scheduler or optimizer: checked when restored
+        return None
 
 
 def check_lr_scheduler_states(net: Any, data: dict[str, Any], source: str) -> None:
@@ -164,15 +191,19 @@ def check_lr_scheduler_states(net: Any, data: dict[str, Any], source: str) -> No
     ------
     ValueError
       Naming ``source`` and the field: a key the scheduler does not have,
-      or a value of another type than the scheduler's own.
+      a value of another type than the scheduler's own, or (torch's stock
+      schedulers) a value out of range or one that makes a step fail or the
+      learning rate NaN, infinite or negative.
     """
     callbacks = _schedulers(net)
     for name, entry in data["schedulers"].items():
         cb = callbacks.get(name)
-        reference = _reference_state(net, cb) if cb is not None else None
-        if reference is None or reference[0] != entry["policy"]:
+        if cb is None:
             continue  # not restored (restore_lr_schedulers says why)
-        problem = _state_problem(reference[1], entry["state"], f"schedulers[{name!r}]['state']")
+        scheduler = getattr(cb, "lr_scheduler_", None) or _scratch_scheduler(net, cb)
+        if scheduler is None or type(scheduler).__name__ != entry["policy"]:
+            continue
+        problem, _ = _entry_problem(net, cb, scheduler, entry, f"schedulers[{name!r}]['state']")
         if problem:
             raise ValueError(
                 f"{source} holds an invalid state for scheduler {name!r}: {problem}. "
@@ -212,15 +243,15 @@ def plan_lr_schedulers(
                 f"{entry['policy']}"
             )
         else:
-            problem = _state_problem(
-                scheduler.state_dict(), entry["state"], f"schedulers[{name!r}]['state']"
+            problem, state = _entry_problem(
+                net, cb, scheduler, entry, f"schedulers[{name!r}]['state']"
             )
             if problem:
                 raise ValueError(
                     f"{source} holds an invalid state for scheduler {name!r}: {problem}. "
                     "Nothing was loaded."
                 )
-            planned.append((cb, scheduler, entry))
+            planned.append((cb, scheduler, {**entry, "state": state}))
     for name, cb in running.items():
         if name not in saved and getattr(cb, "lr_scheduler_", None) is not None:
             notes.append(

@@ -1,6 +1,6 @@
 """``amp_fp32_modules='auto'``: keep the modules that overflow in float32.
 
-At the start of the first fit (:func:`resolve_auto_fp32`, before any
+At the start of the first fit (:func:`ampnet.precision.auto_probe.resolve_auto_fp32`, before any
 callback's ``on_train_begin``), one forward and backward pass on the first
 training batch -- the first ``batch_size`` rows of the training split, not
 shuffled -- finds the modules where an activation or gradient overflow of
@@ -32,11 +32,12 @@ from ampnet.exceptions import amp_warn
 
 __all__ = [
     "METADATA_KEY",
+    "choice_problem",
+    "shown_names",
     "AutoChoiceHooks",
     "install_auto_hooks",
     "remove_auto_hooks",
     "find_auto_hooks",
-    "resolve_auto_fp32",
 ]
 
 #: The key of the choice in the root module's ``state_dict`` metadata.
@@ -62,17 +63,50 @@ class AutoChoiceHooks:
     def load(self, module, state_dict, prefix, local_metadata, strict, missing_keys,
              unexpected_keys, error_msgs) -> None:
         saved = local_metadata.get(METADATA_KEY) if prefix == "" else None
-        if not (isinstance(saved, (list, tuple)) and all(isinstance(n, str) for n in saved)):
+        if saved is None:
+            return
+        problem = choice_problem(module, saved)
+        if problem:  # load_params refuses such a file before; a direct load_state_dict ignores it
+            amp_warn(
+                f"The loaded parameters hold an amp_fp32_modules='auto' choice that this module "
+                f"cannot take ({problem}); it was ignored.")
             return
         saved = tuple(saved)
         if self.choice is not None and set(saved) != set(self.choice):
             amp_warn(
                 f"The loaded parameters were trained with amp_fp32_modules='auto' keeping "
-                f"{list(saved)} in float32; this net's probe kept {list(self.choice)}. The net "
-                f"keeps its own choice. To use the saved one, pass amp_fp32_modules="
-                f"{list(saved)!r}.")
+                f"{shown_names(saved)} in float32; this net's probe kept {shown_names(self.choice)}. "
+                f"The net keeps its own choice. To use the saved one, pass amp_fp32_modules="
+                f"{shown_names(saved)}.")
             return
         self.loaded = saved
+
+
+#: Names of modules that a message shows at most.
+SHOWN_NAMES = 8
+
+
+def shown_names(names: Any) -> str:
+    """``names`` as a list for a message, at most :data:`SHOWN_NAMES` of them."""
+    names = list(names)
+    if len(names) <= SHOWN_NAMES:
+        return repr(names)
+    return f"{names[:SHOWN_NAMES]!r}[:{SHOWN_NAMES}] (of {len(names)})"
+
+
+def choice_problem(root: torch.nn.Module, saved: Any) -> str | None:
+    """Why a saved ``'auto'`` choice cannot be taken by ``root``: it must be
+    a list of distinct names of ``root``'s modules (as ``named_modules``
+    gives them)."""
+    if not (isinstance(saved, (list, tuple)) and all(isinstance(n, str) for n in saved)):
+        return f"expected a list of module names, got {type(saved).__name__}"
+    names = dict(root.named_modules())
+    unknown = [n for n in saved if n not in names]
+    if unknown:
+        return f"{shown_names(unknown)} {'is not a module' if len(unknown) == 1 else 'are not modules'} of {type(root).__name__}"
+    if len(set(saved)) != len(saved):
+        return "it names a module twice"
+    return None
 
 
 def install_auto_hooks(root: torch.nn.Module, choice: tuple[str, ...] | None) -> None:
@@ -101,38 +135,3 @@ def remove_auto_hooks(root: torch.nn.Module) -> None:
     for hooks in (root._state_dict_hooks, root._load_state_dict_pre_hooks):
         for key in [k for k, h in hooks.items() if _is_ours(h)]:
             del hooks[key]
-
-
-def resolve_auto_fp32(net: Any, X: Any, y: Any = None, **fit_params: Any) -> None:
-    """Resolve ``'auto'`` in ``amp_fp32_modules`` once, at the start of the
-    first fit: take a loaded choice, or probe the first training batch;
-    then move the module to the new layout. Does nothing when nothing is
-    pending."""
-    from ampnet.io.rng import get_rng_state, set_rng_state
-    from ampnet.precision.component import Precision, module_root
-    from ampnet.precision.report import build_report
-
-    prec = net.precision_
-    module = net.__dict__.get("module_")
-    if not prec.auto_pending or not isinstance(module, torch.nn.Module):
-        return
-    hooks = find_auto_hooks(module_root(module))
-    choice = hooks.loaded if hooks is not None else None
-    if choice is None:
-        rng = get_rng_state()
-        try:
-            dataset, _ = net.get_split_datasets(X, y, **fit_params)
-            report = build_report(net, dataset, None)
-        finally:
-            set_rng_state(rng)
-        choice = tuple(report.recommended_fp32_modules)
-        if net.verbose:
-            kept = ", ".join(repr(n) for n in choice) if choice else "none"
-            print(
-                f"amp_fp32_modules='auto': modules kept in float32 (where {report.target_dtype}'s "
-                f"range overflows on the first training batch): {kept}"
-            )
-    new = Precision(prec.settings, prec.scaler)
-    new.auto_fp32 = choice
-    net._relayout(prec, new, ["amp_fp32_modules"])
-    net.__dict__["precision_"] = new

@@ -41,10 +41,11 @@ from typing import Iterator, Sequence
 
 import torch
 
+from ampnet.dtypes import LOW_PRECISION_DTYPES
+
 __all__ = [
     "KEY",
     "SUPPORTED",
-    "LOW_DTYPES",
     "check_optimizer",
     "check_fused_sgd",
     "FLOAT16_SAFE",
@@ -55,9 +56,6 @@ __all__ = [
 
 #: The optimizer-state key of a parameter's compensation buffer.
 KEY = "ampnet_compensation"
-
-#: Parameter dtypes that are compensated.
-LOW_DTYPES = (torch.bfloat16, torch.float16)
 
 #: Optimizers whose update reads the weight only through ``weight_decay``.
 SUPPORTED: tuple[type, ...] = (
@@ -140,7 +138,7 @@ def _low_params(optimizer: torch.optim.Optimizer) -> list[tuple[dict, list[torch
     """(group, its low-precision parameters that have a gradient) per group."""
     out = []
     for group in optimizer.param_groups:
-        params = [p for p in group["params"] if p.grad is not None and p.dtype in LOW_DTYPES]
+        params = [p for p in group["params"] if p.grad is not None and p.dtype in LOW_PRECISION_DTYPES]
         if params:
             out.append((group, params))
     return out

@@ -23,6 +23,7 @@ import torch
 from skorch.utils import to_tensor
 
 from ampnet._tree import cast_floating, map_tensors
+from ampnet.dtypes import LOW_PRECISION_DTYPES
 from ampnet.precision import compensated as comp
 from ampnet.precision.auto import install_auto_hooks, remove_auto_hooks
 from ampnet.precision.checks import nonfinite_grads
@@ -41,7 +42,7 @@ from ampnet.precision.policy import PrecisionPolicy, parse_amp_dtype, resolve_pr
 from ampnet.precision.regions import AutocastRegion, install_region, regions_of, remove_regions
 from ampnet.precision.scaler import GradScaler, copy_to_device, move_scaler
 from ampnet.precision.selectors import AUTO, parse_selectors
-from ampnet.precision.settings import PrecisionSettings
+from ampnet.precision.settings import PrecisionSettings, init_param_names
 
 if TYPE_CHECKING:
     from ampnet.precision.memory import MemoryReport
@@ -56,6 +57,10 @@ class StepDecision(NamedTuple):
     skipped: tuple[bool, ...]
     scale: float | None  # None: not read (torch's own scaler)
     scale_before: float
+
+
+#: Output dtypes that convert_output casts to float32 under AMP.
+_TO_FLOAT32 = (*LOW_PRECISION_DTYPES, torch.float64)
 
 
 def module_root(module: torch.nn.Module) -> torch.nn.Module:
@@ -369,8 +374,9 @@ class Precision:
         return x
 
     def convert_output(self, y: Any) -> Any:
-        """Low-precision floating outputs to float32."""
-        return cast_floating(y, torch.float32) if self.enabled else y
+        """Floating outputs to float32 under AMP (low precision, and float64
+        from a module that computes in it)."""
+        return cast_floating(y, torch.float32, only=_TO_FLOAT32) if self.enabled else y
 
     # ---- backward and the step ---------------------------------------------
 
@@ -502,28 +508,45 @@ def _compensated_step(optimizer: torch.optim.Optimizer, found: torch.Tensor | No
 
 
 def build_scaler(settings: PrecisionSettings) -> GradScaler:
-    """The loss scaler that ``settings`` ask for, on the policy's device type."""
+    """The loss scaler that ``settings`` ask for, on the policy's device type.
+
+    A class is built with the ``grad_scaler__*`` settings. An instance is a
+    hyper-parameter: the net trains a copy on its own device type (``fit``
+    must not change the instance, and clones must not share a training
+    state). Where no loss scaling runs (AMP off, bfloat16) the copy is
+    disabled, with the instance's settings, so that one net serves a grid
+    over ``amp_enabled`` or ``amp_dtype``. :func:`~ampnet.precision.settings.read_settings`
+    has refused the scalers that cannot scale on the net's device.
+    """
 
     from ampnet.exceptions import amp_warn
 
     policy, scaler, kwargs = settings.policy, settings.scaler, dict(settings.scaler_kwargs)
     enabled = settings.uses_scaler
     if isinstance(scaler, torch.amp.GradScaler):
-        if kwargs or settings.scaler_enabled is not None:
-            scaler = type(scaler)(**{
-                **scaler_settings(scaler), **kwargs, "device": policy.device_type, "enabled": enabled,
+        if kwargs or settings.scaler_enabled is not None or (scaler.is_enabled() and not enabled):
+            scaler = _construct(type(scaler), policy.device_type, **{
+                **scaler_settings(scaler), **kwargs, "enabled": enabled,
             })
         else:
-            # the instance is a hyper-parameter: fit must not change it, and
-            # clones must not share a training state
             scaler = copy_to_device(scaler, policy.device_type)
     else:
-        scaler = scaler(device=policy.device_type, enabled=enabled, **kwargs)
+        scaler = _construct(scaler, policy.device_type, enabled=enabled, **kwargs)
     if policy.uses_scaler and not scaler.is_enabled():
+        cause = ("grad_scaler__enabled=False" if settings.scaler_enabled is False
+                 else "the grad_scaler instance passed is disabled")
         amp_warn(
-            "float16 training without loss scaling (grad_scaler__enabled=False): "
+            f"float16 training without loss scaling ({cause}): "
             "small gradients underflow to zero in float16.")
     return scaler
+
+
+def _construct(cls: type, device_type: str, **kwargs: Any) -> GradScaler:
+    """``cls(**kwargs)`` on ``device_type``; a class without a ``device``
+    parameter (``torch.cuda.amp.GradScaler``) is built as it is."""
+    if "device" in init_param_names(cls):
+        kwargs["device"] = device_type
+    return cls(**kwargs)
 
 
 def scaler_settings(scaler: torch.amp.GradScaler) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from skorch.utils import to_tensor
 
 from ampnet._tree import cast_floating
 
-__all__ = ["match_module_dtype", "has_float64"]
+__all__ = ["match_module_dtype", "has_float64", "autocast_dtype_error"]
 
 
 def has_float64(x: Any) -> bool:
@@ -67,3 +67,42 @@ def match_module_dtype(x: Any, module: Any, device: Any) -> Any:
     if not has_float64(x) or not _module_is_float32(module):
         return x
     return cast_floating(to_tensor(x, device=device), torch.float32, only=(torch.float64,))
+
+
+def _float64_params(module: Any) -> list[str]:
+    if not isinstance(module, torch.nn.Module):
+        return []
+    return [n for n, p in module.named_parameters() if p.dtype == torch.float64]
+
+
+def autocast_dtype_error(exc: RuntimeError, x: Any, module: Any, policy_name: str) -> TypeError | None:
+    """The error to raise for a dtype failure of the forward under
+    autocast, saying what is wrong; None when ``exc`` is no dtype failure.
+
+    ``x`` is the input as the module received it. A module with float64
+    parameters is named as the cause (autocast leaves float64 operations
+    alone, so float64 weights meet low-precision activations); otherwise
+    the input's dtype is.
+    """
+    from ampnet._tree import iter_tensors
+
+    text = str(exc)
+    if not ("dtype" in text or "scalar type" in text or "type (" in text):
+        return None
+    wide = _float64_params(module)
+    if wide:
+        shown = ", ".join(wide[:4]) + (f" and {len(wide) - 4} more" if len(wide) > 4 else "")
+        return TypeError(
+            f"The module failed under {policy_name} autocast: its parameters are float64 ({shown}). "
+            "Autocast computes in low precision only from float32 and leaves float64 operations "
+            f"alone, so float64 weights meet low-precision activations: {text}. Fix: build the module "
+            "in float32 (drop dtype=torch.float64 or .double() from it), or train it in float64 "
+            "with amp_enabled=False."
+        )
+    dtypes = [str(t.dtype) for t in iter_tensors(x)]
+    return TypeError(
+        f"The module failed under {policy_name} autocast with an input of "
+        f"dtype {', '.join(dtypes) or type(x).__name__}: {text}. Fix: pass float32 "
+        "features (e.g. X.astype(numpy.float32)); integer inputs only suit layers "
+        "such as nn.Embedding."
+    )

@@ -32,7 +32,7 @@ _ROWS = (
 
 @dataclass(frozen=True)
 class MemoryReport:
-    """Bytes of a net's training state, by role (see :meth:`memory_report`).
+    """Bytes of a net's training state, by role (see :meth:`ampnet.AmpNetMixin.memory_report`).
 
     Attributes
     ----------

@@ -68,14 +68,18 @@ def ineffective_settings(net: Any) -> list[str]:
     effect, with the fix; empty when every setting acts."""
     policy = net.precision_policy_
     notes = []
-    if not policy.enabled:
+    auto = isinstance(net.amp_enabled, str) and net.amp_enabled == "auto"  # they narrow its candidates
+    if auto:
+        pass
+    elif not policy.enabled:
         names = [n for n in AMP_ONLY if not is_default(net, n)]
         shown = [_setting(n, getattr(net, n)) for n in names]
         if shown:
+            one = len(shown) == 1
             notes.append(
-                f"amp_enabled=False, so {', '.join(shown)} "
-                f"{'has' if len(shown) == 1 else 'have'} no effect: the net trains in "
-                "float32. Set amp_enabled=True to use them, or leave them at their defaults."
+                f"amp_enabled=False, so {', '.join(shown)} {'has' if one else 'have'} no "
+                "effect: the net trains in float32. Set amp_enabled=True to use "
+                f"{'it, or leave it at its default' if one else 'them, or leave them at their defaults'}."
             )
     else:
         if policy.level == "mixed" and net.amp_master_weights is False:

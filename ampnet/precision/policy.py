@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from ampnet.dtypes import LOW_PRECISION_DTYPES
 from ampnet.validation import describe, is_bool
 
 __all__ = [
@@ -44,8 +45,6 @@ _VALID_DTYPES_TEXT = (
     "'auto', 'float16' (or 'fp16', 'half'), 'bfloat16' (or 'bf16'), "
     "torch.float16 or torch.bfloat16"
 )
-
-_LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
 def dtype_name(dtype: torch.dtype | None) -> str:
@@ -83,7 +82,7 @@ def parse_amp_dtype(amp_dtype: Any) -> torch.dtype | None:
       For a value that is neither a string nor a ``torch.dtype``.
     """
     if isinstance(amp_dtype, torch.dtype):
-        if amp_dtype in _LOW_PRECISION:
+        if amp_dtype in LOW_PRECISION_DTYPES:
             return amp_dtype
         raise ValueError(
             f"amp_dtype must be one of {_VALID_DTYPES_TEXT}; got {describe(amp_dtype)}. "
@@ -188,7 +187,7 @@ def resolve_precision(
     natively (a CPU with AVX512-BF16 or AMX, a CUDA device of compute
     capability 8.0 or newer) and float16 on other CUDA and MPS devices. On
     a CPU without native bf16, ``'auto'`` still picks bfloat16 (float16 on
-    CPU is far slower) and the policy carries a notice saying so.
+    CPU is usually slower) and the policy carries a notice saying so.
 
     Raises
     ------
@@ -241,8 +240,9 @@ def resolve_precision(
         dtype = requested or torch.bfloat16
         if dtype == torch.float16:
             notices.append(
-                "float16 autocast on CPU is correct but typically 10-60x slower than "
-                "float32; it is useful to exercise loss scaling on a CPU. For speed on "
+                "float16 autocast on CPU is correct but often slower than float32, by a "
+                "factor that depends on the model and the CPU (few CPUs compute float16 "
+                "natively); it is useful to exercise loss scaling on a CPU. For speed on "
                 "CPU use amp_dtype='bfloat16'."
             )
         elif not native:

@@ -71,7 +71,7 @@ class ModuleReport:
 
 @dataclass
 class PrecisionReport:
-    """The result of :meth:`precision_report`.
+    """The result of :meth:`ampnet.AmpNetMixin.precision_report`.
 
     Attributes
     ----------
@@ -230,7 +230,8 @@ def build_report(net: Any, X: Any, y: Any = None, dtype: Any = None) -> Precisio
         for p, _ in grads:
             p.grad = None
         net.__dict__["module_"] = root  # record eagerly, also with compile=True
-        net._set_training(True)
+        for m in modules:  # training mode, as skorch's train step sets it
+            m.train()
         y_pred = net.infer(Xi)
         if yi is not None and (y is not None or isinstance(X, torch.utils.data.Dataset)):
             loss = net.get_loss(y_pred, yi, X=Xi, training=True)

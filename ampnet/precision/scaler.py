@@ -352,7 +352,7 @@ class GradScaler(torch.amp.GradScaler):
         Raises
         ------
         ValueError
-          See :func:`validate_scaler_state`.
+          See ``validate_scaler_state``.
         """
         if not self._enabled:
             return

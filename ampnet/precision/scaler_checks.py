@@ -23,6 +23,9 @@ FLOAT32_TINY = float(torch.finfo(torch.float32).tiny)
 FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 _RANGE = f"[{FLOAT32_TINY:.8g}, {FLOAT32_MAX:.8g}]"
 
+#: Step counters live in int32 tensors.
+_INT32_MAX = 2**31 - 1
+
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, Real) and not is_bool(value)
@@ -74,8 +77,12 @@ def _setting_problems(settings: dict[str, Any], prefix: str, quoted: bool = Fals
                 f"must be at least float32's smallest normal value {FLOAT32_TINY:.8g}, e.g. 0.5",
             )
     for name in ("growth_interval", "hysteresis"):
-        if name in settings and not (_is_int(settings[name]) and settings[name] >= 1):
-            bad(name, "must be an int >= 1, e.g. 2000 for growth_interval, 1 for hysteresis")
+        if name in settings and not (_is_int(settings[name]) and 1 <= settings[name] <= _INT32_MAX):
+            bad(
+                name,
+                "must be an int >= 1 and at most 2**31 - 1 (the scaler counts steps in int32 "
+                "tensors), e.g. 2000 for growth_interval, 1 for hysteresis",
+            )
     for name in ("enabled", "dynamic"):
         if name in settings and not is_bool(settings[name]):
             bad(name, "must be True or False")
@@ -118,10 +125,9 @@ def validate_scaler_settings(prefix: str = "grad_scaler__", **settings: Any) -> 
 
 #: Entries of a scaler state_dict, with what each must hold (settings are
 #: checked as in validate_scaler_settings).
-_INT32_MAX = 2**31 - 1
 _TRACKERS = {
     "_growth_tracker": "an int in [0, 2**31 - 1] (torch keeps it in an int32 tensor)",
-    "_overflow_streak": "an int >= 0",
+    "_overflow_streak": "an int >= 0 and at most 2**31 - 1 (ampnet keeps it in an int32 tensor)",
 }
 _SETTINGS_IN_STATE = (
     "growth_factor", "backoff_factor", "growth_interval", "min_scale", "max_scale",
@@ -182,8 +188,7 @@ def validate_scaler_state(state: Any, source: str = "the state dict") -> None:
     settings = {k: state[k] for k in _SETTINGS_IN_STATE if k in state}
     problems += _setting_problems(settings, "'", quoted=True)
     for key, rule in _TRACKERS.items():
-        limit = _INT32_MAX if key == "_growth_tracker" else math.inf
-        if key in state and not (_is_int(state[key]) and 0 <= state[key] <= limit):
+        if key in state and not (_is_int(state[key]) and 0 <= state[key] <= _INT32_MAX):
             problems.append(f"'{key}' = {describe(state[key])} must be {rule}")
     if "ampnet_scaler_version" in state:
         version = state["ampnet_scaler_version"]

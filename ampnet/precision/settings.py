@@ -163,14 +163,47 @@ def read_settings(params: Mapping[str, Any]) -> PrecisionSettings:
             "amp_master_weights=True, use amp_master_weights='compensated' (float16 "
             "gradients are unscaled in place), or use amp_dtype='bfloat16'."
         )
-    if isinstance(scaler, torch.amp.GradScaler) and scaler.is_enabled() and not policy.uses_scaler and forced is None:
-        raise ValueError(
-            f"An enabled grad_scaler instance was passed, but {policy.name} "
-            "training uses no loss scaling (bfloat16 has the range of float32). "
-            "Fix: pass grad_scaler=ampnet.GradScaler (the class), or force scaling "
-            "with grad_scaler__enabled=True."
-        )
+    if settings.uses_scaler:
+        _check_scaler_device(scaler, policy.device_type)
     return settings
+
+
+def _public_name(cls: type) -> str:
+    """``torch.amp.GradScaler`` rather than ``torch.amp.grad_scaler.GradScaler``."""
+    import importlib
+
+    for package in ("ampnet", "torch.amp", "torch.cuda.amp"):
+        if getattr(importlib.import_module(package), cls.__name__, None) is cls:
+            return f"{package}.{cls.__name__}"
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _check_scaler_device(scaler: Any, device_type: str) -> None:
+    """Refuse a loss scaler that cannot scale on ``device_type``, rather
+    than train float16 without loss scaling: a class without a ``device``
+    parameter (``torch.cuda.amp.GradScaler``, CUDA only) on another device,
+    and an instance that torch disabled when it was made for CUDA on a
+    machine without CUDA (torch then keeps none of its settings)."""
+    fix = ("Fix: grad_scaler=ampnet.GradScaler (the default class, or an instance such as "
+           "ampnet.GradScaler(init_scale=256.0): it follows the net's device), "
+           f"torch.amp.GradScaler('{device_type}', ...), or grad_scaler__enabled=False to train "
+           "float16 without loss scaling.")
+    if isinstance(scaler, type):
+        if "device" not in init_param_names(scaler) and device_type != "cuda":
+            raise ValueError(
+                f"grad_scaler={_public_name(scaler)} scales on CUDA only (it "
+                f"takes no device), but this net computes float16 on '{device_type}'. {fix}"
+            )
+        return
+    made_for = getattr(scaler, "_device", None)
+    if (isinstance(scaler, torch.amp.GradScaler) and not scaler.is_enabled() and made_for == "cuda"
+            and not torch.cuda.is_available()):
+        raise ValueError(
+            f"grad_scaler={_public_name(type(scaler))}('cuda') was made "
+            "on a machine without CUDA: torch disabled it then ('CUDA is not available. "
+            "Disabling.') and kept none of its settings, so this float16 net would train "
+            f"without loss scaling. {fix}"
+        )
 
 
 def _scaler_kwargs(scaler: Any, params: Mapping[str, Any]) -> dict[str, Any]:

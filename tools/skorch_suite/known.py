@@ -82,12 +82,6 @@ KNOWN: list[tuple[str, tuple[str, ...], str, str]] = [
         "bf16 resolution: the recorded activations are the layers' bfloat16 outputs (as "
         "float32 arrays); the test compares them with float32 values to 6 decimals.",
     ),
-    (
-        r"test_doctor\.TestSkorchDoctorSimple::test_get_parameter_names$", ("on",), "c",
-        "get_param_names() lists parameters in the order autograd fired their gradient "
-        "hooks; under autocast a weight's gradient flows through its bf16 cast, so the "
-        "bias of a layer fires before its weight. Same names, another order.",
-    ),
 ]
 
 

@@ -1,0 +1,220 @@
+"""The flight recorder of a fit: what :class:`ampnet.callbacks.AmpMonitor`
+adds to the training step.
+
+While an ``AmpMonitor`` watches a fit, the step (:mod:`ampnet.step`) holds
+a :class:`FlightRecorder` in ``amp_step_state_.recorder`` and calls it at
+three points: when the unscaled gradients are complete (before
+``on_grad_computed`` callbacks such as ``GradientNormClipping`` see them),
+around the optimizer updates, and when a step was skipped. Everything a
+good step records stays on the device; :meth:`FlightRecorder.end_epoch`
+reads it back once per epoch. Without an ``AmpMonitor`` the recorder is
+None and the step does none of this.
+
+Per epoch it measures
+
+- ``grad_norm``: the mean, over the epoch's applied steps, of the global L2
+  norm of the unscaled gradients of the optimizers' parameters (what
+  ``GradientNormClipping`` computes, before it clips);
+- ``lost_updates`` (``amp_level='pure'`` only): the share of parameter
+  elements with a non-zero gradient whose stored value did not change in
+  an applied optimizer step, i.e. whose update was lost to rounding. The
+  value is the one the optimizer steps: the float32 master with master
+  weights, the weight plus its compensation with ``'compensated'`` (so both
+  give close to 0: only updates below float32's resolution, or the
+  compensation buffer's, are lost), the low-precision weight without either. It is
+  estimated on a strided sample of at most :data:`SAMPLE_PER_TENSOR`
+  elements of each parameter.
+
+and on each skipped step whose cause is not bad data, it names the first
+module that went non-finite (:func:`ampnet.diagnosis.first_nonfinite`), at
+most ``max_replays`` times per epoch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any, Sequence
+
+import torch
+
+from ampnet.diagnosis import first_nonfinite
+from ampnet.precision import compensation_of
+
+__all__ = ["FlightRecorder", "SAMPLE_PER_TENSOR", "global_grad_norm", "nonfinite_loss_message"]
+
+#: At most this many elements of each parameter are compared before and
+#: after an update to estimate ``lost_updates`` (a strided sample).
+SAMPLE_PER_TENSOR = 4096
+
+
+def global_grad_norm(params: Sequence[torch.Tensor]) -> torch.Tensor | None:
+    """The L2 norm of all gradients of ``params`` together, as a float32
+    tensor on the first gradient's device (no host read); None without
+    gradients. Low-precision gradients are summed in float32."""
+    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+    for p in params:
+        g = p.grad
+        if g is None:
+            continue
+        if g.is_sparse:
+            g = g.coalesce()._values()
+        groups.setdefault((g.device, g.dtype), []).append(g)
+    if not groups:
+        return None
+    device = next(iter(groups))[0]
+    norms = []
+    for (_, dtype), grads in groups.items():
+        if dtype in (torch.float32, torch.float64):
+            norms.extend(n.to(device, torch.float32) for n in torch._foreach_norm(grads, 2))
+        else:
+            norms.extend(torch.linalg.vector_norm(g, dtype=torch.float32).to(device) for g in grads)
+    return torch.linalg.vector_norm(torch.stack(norms))
+
+
+def _sample(t: torch.Tensor) -> torch.Tensor:
+    flat = t.detach().reshape(-1)
+    return flat[:: max(1, math.ceil(flat.numel() / SAMPLE_PER_TENSOR))]
+
+
+class FlightRecorder:
+    """What an :class:`ampnet.callbacks.AmpMonitor` records during one fit
+    (``amp_step_state_.recorder``).
+
+    Parameters
+    ----------
+    lost_updates : bool
+      Whether to measure ``lost_updates`` (``amp_level='pure'``).
+
+    max_replays : int
+      At most this many skipped steps per epoch are replayed to find the
+      first non-finite module.
+    """
+
+    def __init__(self, lost_updates: bool, max_replays: int) -> None:
+        self.lost_updates = lost_updates
+        self.max_replays = max_replays
+        self.begin_epoch()
+
+    def begin_epoch(self) -> None:
+        self.applied = 0
+        self.replays = 0
+        self._norm: torch.Tensor | None = None  # this step's
+        self._norm_sum: torch.Tensor | None = None
+        self._lost: torch.Tensor | None = None  # [lost, counted], summed over the epoch
+        self._before: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    # ---- called by the step ------------------------------------------------------
+
+    def grads_computed(self, active: Sequence[tuple[str, torch.optim.Optimizer, list]]) -> None:
+        """The step's gradients are unscaled and complete (no clipping yet)."""
+        self._norm = global_grad_norm([p for _, _, params in active for p in params])
+
+    def before_update(self, net: Any, active: Sequence[tuple], skipped: Sequence[bool]) -> None:
+        """Before the optimizers step: sample the values they will update."""
+        self._before = []
+        if not self.lost_updates:
+            return
+        for (_, optimizer, params), skip in zip(active, skipped):
+            if skip:
+                continue
+            comps = compensation_of([optimizer])
+            for p in params:
+                nonzero = _sample(p.grad) != 0
+                self._before.append((p, nonzero, self._value(p, comps).clone()))
+
+    def after_update(self, net: Any, active: Sequence[tuple], skipped: Sequence[bool]) -> None:
+        """After the optimizers stepped: count the step and its lost updates."""
+        if active and not any(skipped) and self._norm is not None:
+            self.applied += 1
+            norm = self._norm
+            self._norm_sum = norm if self._norm_sum is None else self._norm_sum + norm.to(self._norm_sum.device)
+        self._norm = None
+        if not self._before:
+            return
+        comps = compensation_of([opt for (_, opt, _), skip in zip(active, skipped) if not skip])
+        counts = []
+        for p, nonzero, before in self._before:
+            lost = (self._value(p, comps) == before) & nonzero
+            counts.append(torch.stack([lost.sum(), nonzero.sum()]).to(torch.float32))
+        self._before = []
+        total = torch.stack([c.to(counts[0].device) for c in counts]).sum(0)
+        self._lost = total if self._lost is None else self._lost + total.to(self._lost.device)
+
+    @staticmethod
+    def _value(p: torch.Tensor, comps: dict[int, torch.Tensor]) -> torch.Tensor:
+        value = _sample(p).to(torch.float32)
+        extra = comps.get(id(p))
+        return value + _sample(extra).to(torch.float32) if extra is not None else value
+
+    def skipped(self, net: Any, batch: Any, fit_params: dict, cause: str, scale: float) -> None:
+        """A skipped step: name its first non-finite module in the batch's
+        history row (``first_nonfinite``), replaying the batch, unless the
+        data was bad or this epoch's replays are spent."""
+        if cause == "nonfinite_input" or self.replays >= self.max_replays:
+            return
+        self.replays += 1
+        net.history.record_batch("first_nonfinite", first_nonfinite(net, batch, scale, **fit_params))
+
+    # ---- read once per epoch ------------------------------------------------------
+
+    def end_epoch(self) -> dict[str, float]:
+        """The epoch's ``grad_norm`` (and ``lost_updates``), read from the
+        device in one read."""
+        parts = [t for t in (self._norm_sum, self._lost) if t is not None]
+        values = torch.cat([t.reshape(-1).to(parts[0].device) for t in parts]).tolist() if parts else []
+        out = {"grad_norm": math.nan}
+        if self._norm_sum is not None:
+            out["grad_norm"] = values.pop(0) / self.applied
+        if self.lost_updates:
+            out["lost_updates"] = values[0] / values[1] if self._lost is not None and values[1] else math.nan
+        return out
+
+
+# ---- the end of a fit -------------------------------------------------------------
+
+
+def nonfinite_loss_message(net: Any) -> str | None:
+    """What :meth:`on_train_end` warns about when the last epoch's training
+    loss is NaN or inf, with the likely cause read from that epoch's batch
+    records (``skip_cause``, ``first_nonfinite``); None when it is finite."""
+    if not len(net.history):
+        return None
+    loss = net.history[-1].get("train_loss")
+    if loss is None or math.isfinite(loss):
+        return None
+    rows = net.history[-1].get("batches") or []
+    skipped = [r for r in rows if r.get("step_skipped")]
+    causes = Counter(r.get("skip_cause") for r in skipped)
+    modules = Counter(r["first_nonfinite"] for r in skipped if r.get("first_nonfinite") is not None)
+    prec = net.precision_
+    guarded = prec.scaling or prec.settings.skip_nonfinite
+    text = f"Training ended with a non-finite training loss (train_loss={loss:g} in the last epoch"
+    if guarded:
+        listed = ", ".join(f"{n} {c}" for c, n in causes.most_common() if c)
+        text += f"; {len(skipped)} of its {len(rows)} batches skipped their step{': ' + listed if listed else ''}"
+    text += "). "
+    name = modules.most_common(1)[0][0] if modules else None
+    where = f" in module {name!r}" if name else " in the module's own forward" if name == "" else ""
+    name = name or None  # '' (the root) is no amp_fp32_modules selector
+    if causes["nonfinite_input"]:
+        bad = causes["nonfinite_input"]
+        text += (f"Likely cause: bad data ({bad} batch{'es hold' if bad > 1 else ' holds'} NaN or inf "
+                 "in the input or target). Fix: clean or impute the data.")
+    elif prec.enabled and prec.policy.compute_dtype == torch.float16 and (causes["nonfinite_loss"] or not guarded):
+        fp32 = f"amp_fp32_modules=[{name!r}]" if name is not None else (
+            "amp_fp32_modules (net.precision_report(X, y) names the overflowing modules; "
+            "ampnet.callbacks.AmpMonitor records them as first_nonfinite)")
+        text += (f"Likely cause: a float16 overflow{where} in the forward pass, which loss scaling "
+                 "cannot absorb. Fix: amp_dtype='bfloat16' (the range of float32), or keep the "
+                 f"module in float32 with {fp32}; inputs of a large scale (standardize them) "
+                 "cause it too.")
+    else:
+        text += (f"Likely cause: the loss diverged{where}. Fix: lower the learning rate (lr), or "
+                 "look for operations in the module or criterion that produce NaN/inf (log of 0, "
+                 "division by 0).")
+    if guarded:
+        text += " Every step whose gradients were not finite was skipped: none reached the weights."
+    else:
+        text += " The non-finite guard is off (amp_skip_nonfinite=False): the weights may be NaN."
+    return text

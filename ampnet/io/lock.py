@@ -1,0 +1,230 @@
+"""One writer per directory: the lock file that every ampnet save takes.
+
+A save (``save_params``, a ``Checkpoint``, ``export``) holds a lock file,
+``.ampnet-lock``, in each directory it writes, from before it cleans up
+temporary files that killed writers left until its files are committed. The
+file holds the writer's process id, host name and a random token, and is
+created atomically (written in full to a temporary name, then linked into
+place, which fails if a lock exists). A second writer therefore finds the
+lock and gets a :class:`DirectoryLockedError`; it never removes the first
+writer's temporary files.
+
+A lock whose writer is gone is stale and is taken over:
+
+- on the same host, when no process with its id exists;
+- from another host (or unreadable), when it was not refreshed for
+  :data:`STALE_AFTER_S` seconds (a writer refreshes it after every file).
+
+Loads do not take the lock (a load only reads, and completes a committed
+save's renames, which is safe alongside its writer).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import stat
+import time
+import uuid
+from typing import Any, Iterator
+
+from ampnet.exceptions import AmpStateError
+from ampnet.io.kinds import LOCK_MAX_BYTES
+
+__all__ = ["LOCK_NAME", "STALE_AFTER_S", "DirectoryLockedError", "DirectoryLock", "directory_locks"]
+
+#: Name of the lock file in a directory being written.
+LOCK_NAME = ".ampnet-lock"
+
+#: Seconds after which a lock of another host (or an unreadable one) that
+#: was not refreshed is stale.
+STALE_AFTER_S = 600.0
+
+_VERSION = 1
+
+
+class DirectoryLockedError(AmpStateError, OSError):
+    """Another process is saving into the same directory (ampnet allows one
+    writer per directory). Also an ``OSError``: a save that could not
+    write."""
+
+
+def _holder_of(path: str) -> dict[str, Any] | None:
+    """The content of a lock file, or None when it cannot be read as one."""
+    try:
+        info = os.lstat(path)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > LOCK_MAX_BYTES:
+            return None
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(fd, "rb") as f:
+            data = json.loads(f.read(LOCK_MAX_BYTES))
+    except (OSError, ValueError):
+        return None
+    if not (isinstance(data, dict) and isinstance(data.get("pid"), int)
+            and isinstance(data.get("host"), str) and isinstance(data.get("token"), str)):
+        return None
+    return data
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True  # exists (another user's), or cannot tell
+    return True
+
+
+def _age(path: str) -> float:
+    try:
+        return time.time() - os.lstat(path).st_mtime
+    except OSError:
+        return 0.0
+
+
+def _is_stale(path: str, holder: dict[str, Any] | None) -> bool:
+    if holder is not None and holder["host"] == socket.gethostname():
+        return not _alive(holder["pid"])
+    return _age(path) > STALE_AFTER_S
+
+
+class DirectoryLock:
+    """The lock of one directory, held by this process (see the module).
+
+    Parameters
+    ----------
+    directory : str
+      The directory (an existing one).
+    """
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.path = os.path.join(directory, LOCK_NAME)
+        self.token = uuid.uuid4().hex
+        self.held = False
+
+    def acquire(self) -> "DirectoryLock":
+        """Take the lock, taking over a stale one.
+
+        Raises
+        ------
+        DirectoryLockedError
+          When another writer holds it.
+        """
+        content = json.dumps({
+            "ampnet_lock_version": _VERSION, "pid": os.getpid(), "host": socket.gethostname(),
+            "token": self.token, "since": time.time(),
+        }).encode()
+        for _ in range(3):
+            if self._create(content):
+                self.held = True
+                return self
+            holder = _holder_of(self.path)
+            if not os.path.lexists(self.path):
+                continue  # released meanwhile
+            if not _is_stale(self.path, holder):
+                raise self._locked_error(holder)
+            self._break(holder)
+        raise self._locked_error(_holder_of(self.path))
+
+    def _create(self, content: bytes) -> bool:
+        """Create the lock file with ``content`` at once; False if one exists."""
+        temp = os.path.join(self.directory, f".{LOCK_NAME}.{self.token}.tmp")
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(content)
+                f.flush()
+                os.fsync(f.fileno())
+            try:
+                os.link(temp, self.path)  # fails if a lock exists: never replaces one
+                return True
+            except FileExistsError:
+                return False
+            except OSError:  # a file system without hard links
+                try:
+                    fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL
+                                 | getattr(os, "O_NOFOLLOW", 0), 0o644)
+                except FileExistsError:
+                    return False
+                with os.fdopen(fd, "wb") as f:
+                    f.write(content)
+                return True
+        finally:
+            with contextlib.suppress(OSError):
+                os.remove(temp)
+
+    def _break(self, holder: dict[str, Any] | None) -> None:
+        """Remove a stale lock, unless another writer replaced it meanwhile."""
+        aside = os.path.join(self.directory, f".{LOCK_NAME}.{self.token}.stale")
+        try:
+            os.rename(self.path, aside)
+        except FileNotFoundError:
+            return
+        taken = _holder_of(aside)
+        same = (taken is None and holder is None) or (
+            taken is not None and holder is not None and taken["token"] == holder["token"]
+        )
+        if not same:  # a fresh lock was moved aside: put it back if its place is free
+            with contextlib.suppress(OSError):
+                os.link(aside, self.path)
+        with contextlib.suppress(OSError):
+            os.remove(aside)
+
+    def refresh(self) -> None:
+        """Mark the lock as in use (its age tells other hosts it is live)."""
+        if self.held:
+            with contextlib.suppress(OSError):
+                os.utime(self.path)
+
+    def release(self) -> None:
+        """Remove the lock file if it is still this writer's."""
+        if not self.held:
+            return
+        self.held = False
+        holder = _holder_of(self.path)
+        if holder is not None and holder["token"] == self.token:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(self.path)
+
+    def _locked_error(self, holder: dict[str, Any] | None) -> DirectoryLockedError:
+        if holder is None:
+            who = "another process (its lock file cannot be read)"
+        else:
+            since = holder.get("since")
+            when = (time.strftime(" since %H:%M:%S", time.localtime(since))
+                    if isinstance(since, (int, float)) else "")
+            who = f"process {holder['pid']} on host {holder['host']!r}{when}"
+        return DirectoryLockedError(
+            f"Cannot save into {self.directory!r}: {who} is saving there (lock file "
+            f"{self.path!r}). ampnet allows one writer per directory, so that one writer "
+            "never replaces or removes the other's files. Nothing was written. Fix: give "
+            "each run its own directory (Checkpoint(dirname=...)); if no other process "
+            f"writes there, remove {LOCK_NAME!r} (it is also taken over once its writer is "
+            f"gone, or after {STALE_AFTER_S:.0f} s for a writer on another host)."
+        )
+
+
+@contextlib.contextmanager
+def directory_locks(directories: list[str]) -> Iterator[list[DirectoryLock]]:
+    """Hold the lock of every directory (sorted) for the ``with`` block.
+
+    Raises
+    ------
+    DirectoryLockedError
+      When another writer holds one of them; the locks taken so far are
+      released.
+    """
+    locks: list[DirectoryLock] = []
+    try:
+        for directory in sorted(set(directories)):
+            locks.append(DirectoryLock(directory).acquire())
+        yield locks
+    finally:
+        for lock in reversed(locks):
+            lock.release()

@@ -1,0 +1,693 @@
+"""``amp_enabled='auto'``: measure which precision pays off for this model on
+this machine, and train with it.
+
+At the start of the first fit, before any callback's ``on_train_begin``, a
+probe times each candidate setting on copies of the module and optimizers
+(the net's own modules, optimizers, history, callbacks and random state are
+left as they were), then the net takes the fastest healthy candidate exactly
+as a net constructed with those settings would have it: pinning the choice,
+``AmpNet(..., **net.amp_autotune_.params)``, trains bitwise the same.
+
+Candidates
+----------
+- float32 (AMP off): the baseline, always measured first;
+- ``amp_level='mixed'`` in the dtype that ``amp_dtype='auto'`` picks for the
+  device (bfloat16 on CPUs and on CUDA GPUs of compute capability 8.0+,
+  float16 on older GPUs and on MPS);
+- ``amp_level='pure'`` with ``amp_master_weights='compensated'`` where every
+  optimizer of the net supports it (:data:`ampnet.precision.compensated.SUPPORTED`),
+  else with float32 master weights; only for nets with a ``module_``;
+- for models with 4-D parameters, float32 and mixed again with
+  ``memory_format='channels_last'``.
+
+float16 on a CPU is never measured (it is emulated, 10-60x slower than
+float32): the table lists it as not measured. An AMP setting other than its
+default narrows the candidates to those that honour it: ``amp_dtype`` fixes
+the dtype, ``amp_level='pure'`` or ``amp_master_weights`` other than True
+keep only pure candidates with that setting, ``memory_format='channels_last'``
+keeps only channels_last candidates. float32 stays a candidate in every
+case: it is what AMP must beat.
+
+Measurement and choice
+----------------------
+Each candidate trains ``warmup`` steps (default 2) and then ``steps`` timed
+steps (default 5) on the first training batch (the first ``batch_size``
+rows of the training split, not shuffled), through the net's own training
+step (:func:`ampnet.step.train_step`: the non-finite guard, the loss scaler,
+the optimizer's kernel), without callbacks. Its time is the median of the
+timed steps. A candidate is healthy when its loss and gradients are finite
+and the gradients of its first step (from the same initial weights and batch
+as float32's first step) have a cosine similarity of at least ``min_cosine``
+(default 0.98) with float32's. The fastest healthy candidate wins, but a
+candidate other than float32 only when it is faster than float32 by more
+than ``margin`` (default 0.05: 5%, the run-to-run noise of a few timed
+steps); otherwise the net trains in float32.
+
+Cost
+----
+At most ``(number of candidates) x (warmup + steps)`` training steps, plus
+up to 8 extra warm-up steps for a float16 candidate whose loss scale is
+still settling: with the defaults 3 candidates x 7 = 21 steps for a model
+without 4-D parameters, 5 x 7 = 35 for a convolutional one. A candidate
+whose median step time so far is 1.5x float32's or more stops after that
+timed step (it cannot win): where AMP does not pay off, the probe costs
+about 7 + 3 per AMP candidate steps (13 for an MLP). One copy of
+the module and the optimizers exists at a time besides the net's own (the
+memory of one more model and optimizer state), plus float32's first
+gradients (one float32 value per parameter) for the health check. The probe's wall time is
+``amp_autotune_.probe_s``.
+
+Settings (``amp_autotune__<name>``)
+-----------------------------------
+``steps`` (int >= 1), ``warmup`` (int >= 0), ``margin`` (float in [0, 1)),
+``min_cosine`` (float in [-1, 1]) and ``timer``: None for the wall clock, or
+a callable ``timer(params, step) -> seconds`` that runs ``step()`` (one
+training step of the candidate whose constructor parameters are
+``params``) and returns its duration; tests pass one that returns fixed
+durations, which makes the choice deterministic.
+
+The choice
+----------
+``net.amp_autotune_`` (:class:`AutotuneResult`) holds the chosen parameters
+(``.params``), one row per candidate (``.table``) and prints as a table
+(printed once when ``verbose``). ``get_params()['amp_enabled']`` stays
+``'auto'``. The choice pickles with the net; ``save_params(f_params=...)``
+and checkpoints keep it in the module file's metadata, and loading such a
+file into an ``'auto'`` net that has not chosen yet makes it take that
+choice (a ``LoadInitState`` resume reads it before the first fit, instead
+of probing). ``partial_fit``, ``warm_start`` and a second ``fit`` reuse it; a
+clone probes afresh, and so does the next fit after ``set_params`` changes
+an AMP parameter or the device. Under ``torch.distributed``, rank 0's
+choice is used on every rank.
+"""
+
+from __future__ import annotations
+
+import difflib
+import statistics
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import torch
+
+from ampnet.exceptions import AmpWarning
+from ampnet.validation import describe, is_bool, is_int, is_number
+
+__all__ = [
+    "AutotuneResult",
+    "AUTOTUNE_DEFAULTS",
+    "CHOICE_KEYS",
+    "METADATA_KEY",
+    "check_amp_enabled",
+    "is_auto",
+    "autotune_settings",
+    "pending_params",
+    "effective_params",
+    "candidate_params",
+    "choose",
+    "run_probe",
+    "read_saved_choice",
+    "add_saved_choice",
+    "plan_saved_choice",
+]
+
+#: The key of the choice in the module state's metadata (``save_params``).
+METADATA_KEY = "ampnet_autotune"
+
+#: The constructor parameters a choice sets.
+CHOICE_KEYS = ("amp_enabled", "amp_dtype", "amp_level", "amp_master_weights", "memory_format")
+
+#: Defaults of the ``amp_autotune__*`` settings.
+AUTOTUNE_DEFAULTS: dict[str, Any] = {"steps": 5, "warmup": 2, "margin": 0.05, "min_cosine": 0.98, "timer": None}
+
+_EXTRA_WARMUP = 8  # steps a float16 candidate may take to reach finite gradients
+
+#: A candidate whose timed steps are this many times slower than float32's
+#: (median so far) stops being timed: it cannot win.
+SLOWER = 1.5
+
+AMP_ENABLED_CHOICES = (True, False, "auto")
+
+
+def is_auto(value: Any) -> bool:
+    """Whether ``amp_enabled`` is ``'auto'``."""
+    return isinstance(value, str) and value == "auto"
+
+
+def check_amp_enabled(value: Any) -> None:
+    """Refuse an ``amp_enabled`` other than True, False (Python or numpy) or ``'auto'``.
+
+    Raises
+    ------
+    ValueError
+      Naming the parameter, the value and the choices.
+    """
+    if is_bool(value) or is_auto(value):
+        return
+    raise ValueError(
+        f"amp_enabled must be True, False or 'auto'; got {describe(value)}. Fix: "
+        "amp_enabled=True (mixed precision), False (float32, as skorch) or 'auto' (measure "
+        "at the first fit which precision is fastest here, and use it)."
+    )
+
+
+def autotune_settings(given: Mapping[str, Any]) -> dict[str, Any]:
+    """The probe's settings: :data:`AUTOTUNE_DEFAULTS` updated with ``given``
+    (the net's ``amp_autotune__*`` parameters, without the prefix), checked.
+
+    Raises
+    ------
+    ValueError
+      An unknown setting or an invalid value, naming it and the valid choices.
+    """
+    unknown = sorted(set(given) - set(AUTOTUNE_DEFAULTS))
+    if unknown:
+        hints = []
+        for key in unknown:
+            close = difflib.get_close_matches(key, list(AUTOTUNE_DEFAULTS), n=1)
+            hints.append(f"amp_autotune__{key}" + (f" (did you mean amp_autotune__{close[0]}?)" if close else ""))
+        raise ValueError(
+            f"Unknown amp_autotune setting(s): {', '.join(hints)}. Valid settings are: "
+            f"{', '.join('amp_autotune__' + k for k in AUTOTUNE_DEFAULTS)}."
+        )
+    settings = {**AUTOTUNE_DEFAULTS, **given}
+    checks = {
+        "steps": (is_int(settings["steps"]) and settings["steps"] >= 1, "an int >= 1"),
+        "warmup": (is_int(settings["warmup"]) and settings["warmup"] >= 0, "an int >= 0"),
+        "margin": (is_number(settings["margin"]) and 0 <= settings["margin"] < 1, "a number in [0, 1)"),
+        "min_cosine": (is_number(settings["min_cosine"]) and -1 <= settings["min_cosine"] <= 1,
+                       "a number in [-1, 1]"),
+        "timer": (settings["timer"] is None or callable(settings["timer"]),
+                  "None or a callable timer(params, step) -> seconds"),
+    }
+    for name, (ok, expected) in checks.items():
+        if not ok:
+            raise ValueError(
+                f"amp_autotune__{name} must be {expected}; got {describe(settings[name])}. "
+                f"Fix: leave it at its default ({AUTOTUNE_DEFAULTS[name]!r}) or pass {expected}."
+            )
+    return settings
+
+
+def pending_params(params: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings an ``'auto'`` net has before it has chosen: float32, in
+    the memory format it was given (the baseline candidate)."""
+    return {
+        "amp_enabled": False,
+        "amp_dtype": "auto",
+        "amp_level": "mixed",
+        "amp_master_weights": True,
+        "memory_format": params.get("memory_format", "preserve"),
+    }
+
+
+def effective_params(params: Mapping[str, Any], result: "AutotuneResult | None") -> dict[str, Any]:
+    """The precision parameters a net trains with: ``params`` (its own),
+    where ``amp_enabled='auto'`` stands for ``result``'s choice, or for
+    float32 before the choice (:func:`pending_params`).
+
+    Raises
+    ------
+    ValueError, TypeError
+      An ``amp_enabled`` other than True, False or ``'auto'``; with
+      ``'auto'``, AMP settings that would be invalid with AMP on.
+    """
+    from ampnet.precision.settings import read_settings
+
+    value = params.get("amp_enabled", False)
+    check_amp_enabled(value)
+    if not is_auto(value):
+        return dict(params)
+    try:
+        device = torch.device(params.get("device") or "cpu")
+    except (RuntimeError, TypeError):
+        device = torch.device("cpu")
+    if torch.amp.is_autocast_available(device.type) and (device.type != "cuda" or torch.cuda.is_available()):
+        # what it narrows the candidates to is valid (a master-weights setting narrows to 'pure')
+        pure = not (is_bool(params.get("amp_master_weights", True)) and params.get("amp_master_weights", True))
+        level = "pure" if pure else params.get("amp_level", "mixed")
+        read_settings({**params, "amp_enabled": True, "amp_level": level})
+    return {**params, **(result.params if result is not None else pending_params(params))}
+
+
+@dataclass
+class AutotuneResult:
+    """What the probe of ``amp_enabled='auto'`` measured and chose (fitted
+    attribute ``amp_autotune_``).
+
+    Attributes
+    ----------
+    params : dict
+      The chosen constructor parameters (``CHOICE_KEYS``):
+      ``AmpNet(..., **params)`` trains as the ``'auto'`` net does.
+
+    table : list of dict
+      One row per candidate, in the order measured: ``params``,
+      ``step_time_s`` (median seconds per step; None if not measured),
+      ``healthy`` (None if not measured), ``grad_cosine`` (with float32's
+      gradients), ``chosen`` and ``reason`` (why it is unhealthy, not
+      measured or not chosen; None for the chosen one).
+
+    device : str
+      The device measured on.
+
+    steps, warmup : int
+      Timed and warm-up steps per candidate.
+
+    margin, min_cosine : float
+      The noise margin and the gradient-agreement threshold used.
+
+    probe_s : float
+      Wall-clock seconds of the whole probe (0 for a loaded choice).
+
+    source : str
+      ``'probe'``, or ``'loaded'`` for a choice read from a saved file.
+    """
+
+    params: dict[str, Any]
+    table: list[dict[str, Any]] = field(default_factory=list)
+    device: str = "cpu"
+    steps: int = AUTOTUNE_DEFAULTS["steps"]
+    warmup: int = AUTOTUNE_DEFAULTS["warmup"]
+    margin: float = AUTOTUNE_DEFAULTS["margin"]
+    min_cosine: float = AUTOTUNE_DEFAULTS["min_cosine"]
+    probe_s: float = 0.0
+    source: str = "probe"
+
+    @property
+    def chosen(self) -> str:
+        """The chosen candidate, in words."""
+        return label(self.params)
+
+    def __str__(self) -> str:
+        head = f"amp_enabled='auto' on {self.device}: chose {self.chosen}"
+        if self.source != "probe" or not self.table:
+            return head + " (a saved choice; no probe ran)"
+        header = ("candidate", "step ms", "healthy", "grad cos", "note")
+        rows = []
+        for row in self.table:
+            time_s, healthy, cos = row.get("step_time_s"), row.get("healthy"), row.get("grad_cosine")
+            rows.append((
+                label(row["params"]),
+                "-" if time_s is None else f"{time_s * 1000:.2f}",
+                "-" if healthy is None else ("yes" if healthy else "no"),
+                "-" if cos is None else f"{cos:.4f}",
+                "chosen" if row.get("chosen") else (row.get("reason") or ""),
+            ))
+        widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+        lines = [head]
+        for row in [header, *rows]:
+            lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+        measured = sum(r.get("step_time_s") is not None for r in self.table)
+        lines.append(
+            f"probe: {measured} candidates x ({self.warmup} warm-up + {self.steps} timed) steps on "
+            f"the first training batch, {self.probe_s:.2f} s; AMP is chosen only when faster than "
+            f"float32 by more than {self.margin:.0%}, with gradients agreeing with float32's "
+            f"(cosine >= {self.min_cosine:g})."
+        )
+        return "\n".join(lines)
+
+
+def label(params: Mapping[str, Any]) -> str:
+    """``'float32'``, ``'bfloat16 mixed'``, ``'bfloat16 pure (compensated)'``,
+    ``' + channels_last'`` where it applies."""
+    if not params.get("amp_enabled"):
+        text = "float32 (AMP off)"
+    else:
+        dtype = str(params.get("amp_dtype", "auto")).replace("torch.", "")
+        text = f"{dtype} {params.get('amp_level', 'mixed')}"
+        if params.get("amp_level") == "pure":
+            masters = params.get("amp_master_weights", True)
+            text += {True: " (float32 masters)", False: " (no masters)"}.get(masters, f" ({masters})")
+    if params.get("memory_format") == "channels_last":
+        text += " + channels_last"
+    return text
+
+
+# ---- candidates ---------------------------------------------------------------------
+
+
+def _default_of(net: Any, name: str) -> bool:
+    from ampnet.precision.no_effect import is_default
+
+    return is_default(net, name)
+
+
+def _optimizers(net: Any) -> list[torch.optim.Optimizer]:
+    return [o for o in (net.__dict__.get(n + "_") for n in net._optimizers) if isinstance(o, torch.optim.Optimizer)]
+
+
+def candidate_params(net: Any) -> list[tuple[dict[str, Any], str | None]]:
+    """The candidates for an initialized ``'auto'`` net, as (constructor
+    parameters, reason not to measure or None); float32 first."""
+    from ampnet.precision import compensated as comp
+    from ampnet.precision.component import module_root
+    from ampnet.precision.policy import dtype_name, parse_amp_dtype, resolve_precision
+
+    device = torch.device(net.device or "cpu")
+    module = net.__dict__.get("module_")
+    has_module = isinstance(module, torch.nn.Module)
+    four_d = has_module and any(t.dim() == 4 for t in [*module_root(module).parameters(), *module_root(module).buffers()])
+    if net.memory_format == "channels_last":
+        formats = ["channels_last"]
+    else:
+        formats = ["preserve", "channels_last"] if four_d else ["preserve"]
+    out: list[tuple[dict[str, Any], str | None]] = [
+        ({**pending_params({}), "memory_format": f}, None) for f in formats
+    ]
+    dtype = parse_amp_dtype(net.amp_dtype)
+    if dtype is None:
+        try:
+            dtype = resolve_precision(True, "auto", device).compute_dtype
+        except ValueError as exc:  # no autocast for this device
+            out.append(({"amp_enabled": True, "amp_dtype": "auto"}, f"not measured: {exc}"))
+            return out
+    masters = net.amp_master_weights
+    levels = ["pure"] if (net.amp_level == "pure" or not _default_of(net, "amp_master_weights")) else ["mixed", "pure"]
+    amp = []
+    for level in levels:
+        if level == "mixed":
+            amp += [{"amp_level": "mixed", "amp_master_weights": True, "memory_format": f} for f in formats]
+            continue
+        if not has_module:
+            continue
+        if _default_of(net, "amp_master_weights"):
+            fit = all(isinstance(o, comp.SUPPORTED) and (dtype != torch.float16 or isinstance(o, comp.FLOAT16_SAFE))
+                      for o in _optimizers(net))
+            chosen_masters = "compensated" if fit and _optimizers(net) else True
+        else:
+            chosen_masters = masters
+        amp.append({"amp_level": "pure", "amp_master_weights": chosen_masters, "memory_format": formats[0]})
+    for extra in amp:
+        params = {"amp_enabled": True, "amp_dtype": dtype_name(dtype), **extra}
+        reason = None
+        if device.type == "cpu" and dtype == torch.float16:
+            reason = ("not measured: float16 on a CPU is emulated, typically 10-60x slower than "
+                      "float32")
+        out.append((params, reason))
+    return out
+
+
+# ---- the choice ---------------------------------------------------------------------
+
+
+def choose(table: list[dict[str, Any]], margin: float) -> int:
+    """Pick a row of ``table`` (rows as in :attr:`AutotuneResult.table`,
+    the float32 baseline first); set each row's ``chosen`` and, for those
+    not chosen, a ``reason``. Returns the chosen row's index.
+
+    The fastest healthy row wins; a row other than the baseline only when
+    its ``step_time_s`` is below the baseline's by more than ``margin``
+    (a fraction); the baseline wins otherwise.
+    """
+    base = table[0]
+    healthy = [i for i, row in enumerate(table) if row.get("healthy") and row.get("step_time_s") is not None]
+    best = min(healthy, key=lambda i: (table[i]["step_time_s"], i)) if healthy else 0
+    base_time = base.get("step_time_s")
+    if best != 0 and base.get("healthy") and base_time is not None:
+        gain = 1 - table[best]["step_time_s"] / base_time if base_time > 0 else 0.0
+        if gain <= margin:
+            table[best]["reason"] = (
+                f"{gain:.1%} faster than float32, within the {margin:.0%} noise margin: not worth it")
+            best = 0
+    for i, row in enumerate(table):
+        row["chosen"] = i == best
+        if i == best:
+            row["reason"] = None
+        elif not row.get("reason"):
+            faster = table[best]["step_time_s"]
+            row["reason"] = (f"slower than {label(table[best]['params'])}"
+                             if faster is not None and row.get("step_time_s") is not None else "not chosen")
+    return best
+
+
+# ---- the probe ----------------------------------------------------------------------
+
+
+class _Refused(Exception):
+    """A candidate this net cannot train with (its settings are refused)."""
+
+
+class _GradCapture:
+    """A stand-in callback list entry: keeps the first finite gradients of
+    the probe's training steps, as float32 by name."""
+
+    def __init__(self) -> None:
+        self.grads: dict[str, torch.Tensor] | None = None
+        self.nonfinite = False
+
+    def on_grad_computed(self, net: Any, named_parameters: Any, **kwargs: Any) -> None:
+        grads = {n: p.grad.detach().float().flatten().clone() for n, p in named_parameters if p.grad is not None}
+        finite = all(bool(torch.isfinite(g).all()) for g in grads.values())
+        if not finite:
+            self.nonfinite = True
+        elif self.grads is None:
+            self.grads = grads
+
+
+def _cosine(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> float:
+    names = [n for n in a if n in b and a[n].numel() == b[n].numel()]
+    if not names:
+        return 1.0
+    x = torch.cat([a[n].to(b[n].device) for n in names]).double()
+    y = torch.cat([b[n] for n in names]).double()
+    nx, ny = x.norm(), y.norm()
+    if float(nx) == 0.0 and float(ny) == 0.0:
+        return 1.0
+    if float(nx) == 0.0 or float(ny) == 0.0:
+        return 0.0
+    return float(x @ y / (nx * ny))
+
+
+def wall_timer(device: torch.device) -> Callable[[dict, Callable[[], Any]], float]:
+    """The default timer: wall-clock seconds of one step, synchronized on CUDA."""
+
+    def timer(params: dict, step: Callable[[], Any]) -> float:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter() - start
+
+    return timer
+
+
+def _first_batch(net: Any, X: Any, y: Any, **fit_params: Any) -> Any:
+    """The first ``batch_size`` rows of the training split, not shuffled."""
+    dataset, _ = net.get_split_datasets(X, y, **fit_params)
+    kwargs = net.get_params_for("iterator_train")
+    for key in ("shuffle", "generator", "sampler", "batch_sampler"):
+        kwargs.pop(key, None)
+    if "batch_size" not in kwargs:
+        kwargs["batch_size"] = net.batch_size
+    if kwargs["batch_size"] == -1:
+        kwargs["batch_size"] = len(dataset)
+    try:
+        return next(iter(net.iterator_train(dataset, **kwargs)))
+    except StopIteration:
+        raise ValueError(
+            "amp_enabled='auto' needs at least one training sample to measure, but the "
+            "training split is empty. Fix: pass training data, or set amp_enabled to True or False."
+        ) from None
+
+
+def _measure(net: Any, params: dict[str, Any], batch: Any, settings: dict[str, Any],
+             timer: Callable[[dict, Callable[[], Any]], float],
+             limit: float | None = None) -> tuple[float, bool, str | None, _GradCapture]:
+    """Train a copy of ``net`` with ``params`` on ``batch``: (median step
+    seconds, finite, reason if not, the gradient capture). Timing stops
+    early once the median exceeds ``limit`` seconds."""
+    try:
+        probe = net.autotune_copy(params)
+    except (ValueError, TypeError) as exc:  # settings this net cannot train with
+        raise _Refused(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
+    capture = _GradCapture()
+    probe.__dict__["callbacks_"] = [("ampnet_autotune", capture)]
+    losses: list[torch.Tensor] = []
+
+    probe.history.new_epoch()
+
+    def step() -> None:
+        probe.history.new_batch()
+        losses.append(probe.train_step(batch)["loss"].detach())
+
+    times = []
+    warm = settings["warmup"]
+    i = 0
+    while i < warm or (capture.nonfinite and capture.grads is None and i < warm + _EXTRA_WARMUP
+                       and probe.precision_.scaling):
+        step()
+        i += 1
+    for _ in range(settings["steps"]):
+        times.append(float(timer(dict(params), step)))
+        if limit is not None and statistics.median(times) > limit:
+            break  # clearly slower than float32: no need to time it further
+    finite = bool(torch.isfinite(torch.stack([loss.float().reshape(-1)[0] for loss in losses])).all())
+    reason = None
+    if not finite:
+        reason = "unhealthy: the loss is not finite"
+    elif capture.grads is None and capture.nonfinite:
+        reason = "unhealthy: the gradients are not finite"
+    return statistics.median(times), reason is None, reason, capture
+
+
+def run_probe(net: Any, X: Any, y: Any = None, **fit_params: Any) -> AutotuneResult:
+    """Measure the candidates of an initialized ``'auto'`` net (see the
+    module's docstring) and return the result; nothing of ``net`` changes
+    (its random state is restored)."""
+    from ampnet.io.rng import get_rng_state, set_rng_state
+
+    settings = autotune_settings(net.get_params_for("amp_autotune"))
+    device = torch.device(net.device or "cpu")
+    timer = settings["timer"] or wall_timer(device)
+    started = time.perf_counter()
+    rng = get_rng_state()
+    table: list[dict[str, Any]] = []
+    try:
+        batch = _first_batch(net, X, y, **fit_params)
+        reference = None
+        for params, skip in candidate_params(net):
+            row: dict[str, Any] = {"params": params, "step_time_s": None, "healthy": None,
+                                   "grad_cosine": None, "reason": skip}
+            table.append(row)
+            if skip:
+                continue
+            baseline = reference is None
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", AmpWarning)
+                    limit = None if baseline else table[0]["step_time_s"] * SLOWER
+                    seconds, healthy, reason, capture = _measure(net, params, batch, settings, timer, limit)
+            except _Refused as exc:
+                if baseline:
+                    raise exc.__cause__ from None
+                row["reason"] = f"not possible: {exc}"
+                continue
+            except Exception as exc:
+                if baseline:
+                    raise
+                row.update(healthy=False, reason=f"unhealthy: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+                continue
+            row.update(step_time_s=seconds, healthy=healthy, reason=reason)
+            if baseline:
+                reference = capture.grads
+                row["grad_cosine"] = 1.0 if reference is not None else None
+            elif healthy and reference is not None and capture.grads is not None:
+                cos = _cosine(capture.grads, reference)
+                row["grad_cosine"] = cos
+                if cos < settings["min_cosine"]:
+                    row.update(healthy=False, reason=(
+                        f"unhealthy: gradient cosine similarity with float32 {cos:.4f} < "
+                        f"{settings['min_cosine']:g}"))
+            del capture
+    finally:
+        set_rng_state(rng)
+    best = choose(table, settings["margin"])
+    return AutotuneResult(
+        params=dict(table[best]["params"]), table=table, device=str(device),
+        steps=settings["steps"], warmup=settings["warmup"], margin=settings["margin"],
+        min_cosine=settings["min_cosine"], probe_s=time.perf_counter() - started,
+    )
+
+
+# ---- saved choices ------------------------------------------------------------------
+
+
+def check_choice(value: Any) -> dict[str, Any] | None:
+    """A saved choice as parameters, or None if ``value`` is not one (an
+    untrusted file: only the keys and value types of :data:`CHOICE_KEYS`)."""
+    if not isinstance(value, Mapping) or set(value) != set(CHOICE_KEYS):
+        return None
+    ok = (
+        isinstance(value["amp_enabled"], bool)
+        and isinstance(value["amp_dtype"], str)
+        and value["amp_level"] in ("mixed", "pure")
+        and (isinstance(value["amp_master_weights"], bool) or value["amp_master_weights"] == "compensated")
+        and value["memory_format"] in ("preserve", "channels_last")
+    )
+    return dict(value) if ok else None
+
+
+def read_saved_choice(state: Any) -> dict[str, Any] | None:
+    """The choice stored in a module state's metadata by ``save_params``, if any."""
+    meta = getattr(state, "_metadata", None)
+    root = meta.get("") if isinstance(meta, Mapping) else None
+    return check_choice(root.get(METADATA_KEY)) if isinstance(root, Mapping) else None
+
+
+
+def add_saved_choice(net: Any, state: Any) -> None:
+    """Write an ``'auto'`` net's choice into the metadata of its module
+    ``state`` (a ``state_dict``), for ``save_params``."""
+    result = net.__dict__.get("amp_autotune_")
+    meta = getattr(state, "_metadata", None)
+    if result is None or not is_auto(getattr(net, "amp_enabled", False)) or meta is None:
+        return
+    meta.setdefault("", {})[METADATA_KEY] = dict(result.params)
+
+
+def plan_saved_choice(net: Any, state: Any, source: str) -> Any:
+    """The load step (:class:`ampnet.io.rollback.Step`) that makes an
+    ``'auto'`` net without a choice take the one saved with its module
+    ``state``; a step that only warns when the net has chosen otherwise or
+    cannot use the saved choice; None when there is nothing to do."""
+    from ampnet.io.rollback import Step
+    from ampnet.precision.component import Precision, module_root
+    from ampnet.precision.settings import read_settings
+
+    if not is_auto(getattr(net, "amp_enabled", False)):
+        return None
+    saved = read_saved_choice(state)
+    if saved is None:
+        return None
+
+    def nothing() -> Callable[[], None]:
+        return lambda: None
+
+    own = net.__dict__.get("amp_autotune_")
+    if own is not None:
+        if own.params == saved:
+            return None
+        return Step(source, lambda: None, nothing, (
+            f"{source} was saved by a net whose amp_enabled='auto' chose {label(saved)}; this net "
+            f"chose {label(own.params)} and keeps its own choice. To train with the saved one, "
+            f"pass {saved!r} to the constructor."))
+    try:
+        settings = read_settings({**net.precision_params(), **saved})
+        Precision(settings, net.precision_.scaler).check_optimizers(
+            [(n, o) for n in net._optimizers if isinstance(o := net.__dict__.get(n + "_"), torch.optim.Optimizer)])
+    except (ValueError, TypeError) as exc:
+        return Step(source, lambda: None, nothing, (
+            f"{source} holds the choice of amp_enabled='auto' {label(saved)}, which this net "
+            f"cannot use ({exc}); it measures its own at its next fit."))
+
+    def adopt() -> None:
+        net.adopt_autotune(AutotuneResult(params=saved, device=str(net.device), source="loaded"))
+
+    def snapshot() -> Callable[[], None]:
+        saved_dict = dict(net.__dict__)
+        prec = net.__dict__.get("precision_")
+        prec_vars = dict(vars(prec)) if prec is not None else {}
+        module = net.__dict__.get("module_")
+        root = module_root(module) if isinstance(module, torch.nn.Module) else None
+        datas = [(t, t.data) for t in [*root.parameters(), *root.buffers()]] if root is not None else []
+
+        def restore() -> None:
+            current = net.__dict__.get("precision_")
+            if current is not prec and current is not None and root is not None:
+                current.detach(root)
+            for tensor, data in datas:
+                tensor.data = data
+            if prec is not None:
+                vars(prec).clear()
+                vars(prec).update(prec_vars)
+            net.__dict__.clear()
+            net.__dict__.update(saved_dict)
+
+        return restore
+
+    return Step(source, adopt, snapshot)

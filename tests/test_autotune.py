@@ -1,0 +1,415 @@
+"""amp_enabled='auto' (ampnet.precision.autotune): the candidates, the choice
+(with injected timings, so deterministic), health checks, bitwise pinning,
+persistence, reuse and scikit-learn integration."""
+
+import pickle
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from sklearn.base import clone
+from sklearn.model_selection import GridSearchCV
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+
+from ampnet import AmpNetClassifier
+from ampnet.checkpoint import Checkpoint, LoadInitState
+from ampnet.precision.autotune import AutotuneResult, CHOICE_KEYS, choose
+
+from test_training_loop import Logits
+
+BF16_MIXED = {"amp_enabled": True, "amp_dtype": "bfloat16", "amp_level": "mixed",
+              "amp_master_weights": True, "memory_format": "preserve"}
+FLOAT32 = {"amp_enabled": False, "amp_dtype": "auto", "amp_level": "mixed",
+           "amp_master_weights": True, "memory_format": "preserve"}
+
+
+class Timer:
+    """Injected timings: seconds per step by candidate, and the calls counted."""
+
+    def __init__(self, fp32=1.0, mixed=0.5, pure=0.7, channels_last=None):
+        self.times = {"fp32": fp32, "mixed": mixed, "pure": pure}
+        self.channels_last = channels_last
+        self.calls = []
+
+    def __call__(self, params, step):
+        step()
+        self.calls.append(dict(params))
+        if params["memory_format"] == "channels_last" and self.channels_last is not None:
+            return self.channels_last
+        if not params["amp_enabled"]:
+            return self.times["fp32"]
+        return self.times[params["amp_level"]]
+
+
+def kw(**extra):
+    base = dict(module=Logits, criterion=torch.nn.CrossEntropyLoss, optimizer=torch.optim.Adam,
+                max_epochs=2, lr=0.05, batch_size=16, train_split=None, verbose=0,
+                iterator_train__shuffle=True, amp_enabled="auto")
+    base.update(extra)
+    return base
+
+
+@pytest.fixture(scope="module")
+def data(classifier_data):
+    return classifier_data[0][:64], classifier_data[1][:64]
+
+
+def fit(data, seed=0, **extra):
+    torch.manual_seed(seed)
+    return AmpNetClassifier(**kw(**extra)).fit(*data)
+
+
+# ---- the choice, from injected timings --------------------------------------------
+
+
+def row(time_s, healthy=True, amp=True):
+    return {"params": dict(BF16_MIXED if amp else FLOAT32), "step_time_s": time_s, "healthy": healthy,
+            "grad_cosine": 1.0, "reason": None}
+
+
+def test_choose_takes_the_fastest_healthy_candidate():
+    table = [row(1.0, amp=False), row(0.9), row(0.5, healthy=False)]
+    assert choose(table, 0.05) == 1
+    assert [r["chosen"] for r in table] == [False, True, False]
+    assert table[0]["reason"] == "slower than bfloat16 mixed"
+
+
+def test_choose_keeps_float32_within_the_noise_margin():
+    table = [row(1.0, amp=False), row(0.96)]
+    assert choose(table, 0.05) == 0
+    assert table[1]["reason"] == "4.0% faster than float32, within the 5% noise margin: not worth it"
+    table = [row(1.0, amp=False), row(0.96)]
+    assert choose(table, 0.0) == 1  # no margin: any gain counts
+
+
+def test_choose_falls_back_to_float32_without_a_healthy_candidate():
+    table = [row(1.0, amp=False), row(0.1, healthy=False), row(None, healthy=None)]
+    assert choose(table, 0.05) == 0
+
+
+def test_the_net_trains_with_the_fastest_candidate(data):
+    timer = Timer(fp32=1.0, mixed=0.5, pure=0.7)
+    net = fit(data, amp_autotune__timer=timer)
+    result = net.amp_autotune_
+    assert result.params == BF16_MIXED
+    assert set(result.params) == set(CHOICE_KEYS)
+    assert net.precision_policy_.name == "bfloat16 (mixed)"
+    assert net.get_params()["amp_enabled"] == "auto"
+    labels = [r["params"] for r in result.table]
+    assert labels == [FLOAT32, BF16_MIXED, {**BF16_MIXED, "amp_level": "pure",
+                                            "amp_master_weights": "compensated"}]
+    assert [r["step_time_s"] for r in result.table] == [1.0, 0.5, 0.7]
+    assert [r["healthy"] for r in result.table] == [True, True, True]
+    assert [r["chosen"] for r in result.table] == [False, True, False]
+    assert all(r["grad_cosine"] > 0.99 for r in result.table)
+    # 3 candidates x 5 timed steps; the warm-up steps are not timed
+    assert len(timer.calls) == 15
+    text = str(result)
+    assert text.startswith("amp_enabled='auto' on cpu: chose bfloat16 mixed")
+    for part in ("float32 (AMP off)", "bfloat16 pure (compensated)", "1000.00", "500.00", "chosen",
+                 "slower than bfloat16 mixed", "3 candidates x (2 warm-up + 5 timed) steps"):
+        assert part in text
+
+
+def test_float32_wins_when_amp_is_not_faster_by_the_margin(data):
+    net = fit(data, amp_autotune__timer=Timer(fp32=1.0, mixed=0.97, pure=0.98))
+    assert net.amp_autotune_.params == FLOAT32
+    assert not net.precision_policy_.enabled
+    assert net.optimizer_.defaults["fused"] is None  # AMP off: skorch's optimizer
+    assert "within the 5% noise margin" in net.amp_autotune_.table[1]["reason"]
+
+
+def test_the_settings_of_the_probe(data):
+    timer = Timer(fp32=1.0, mixed=0.97, pure=2.0)
+    net = fit(data, amp_autotune__timer=timer, amp_autotune__steps=2, amp_autotune__warmup=1,
+              amp_autotune__margin=0.01)
+    assert net.amp_autotune_.params == BF16_MIXED
+    # 2 timed steps each, but the pure candidate (2x slower than float32) stops after one
+    assert [c["amp_level"] if c["amp_enabled"] else "fp32" for c in timer.calls] == [
+        "fp32", "fp32", "mixed", "mixed", "pure"]
+    assert (net.amp_autotune_.steps, net.amp_autotune_.warmup, net.amp_autotune_.margin) == (2, 1, 0.01)
+
+
+def test_verbose_prints_the_table_once(data, capsys):
+    net = fit(data, amp_autotune__timer=Timer(), verbose=1)
+    out = capsys.readouterr().out
+    assert out.count("amp_enabled='auto' on cpu: chose bfloat16 mixed") == 1
+    net.partial_fit(*data)
+    assert "amp_enabled='auto'" not in capsys.readouterr().out
+
+
+# ---- health -----------------------------------------------------------------------
+
+
+class Fragile(Logits):
+    """Non-finite (``mode='nan'``) or reversed (``mode='flip'``) outputs under autocast."""
+
+    def __init__(self, mode="nan", **kwargs):
+        super().__init__(**kwargs)
+        self.mode = mode
+
+    def forward(self, X):
+        out = super().forward(X)
+        if torch.is_autocast_enabled("cpu"):
+            out = out * float("nan") if self.mode == "nan" else -out
+        return out
+
+
+def test_nonfinite_candidates_are_unhealthy(data):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        net = fit(data, module=Fragile, module__mode="nan", amp_autotune__timer=Timer(mixed=0.1, pure=0.1))
+    table = net.amp_autotune_.table
+    assert net.amp_autotune_.params == FLOAT32
+    assert [r["healthy"] for r in table] == [True, False, False]
+    assert table[1]["reason"] == "unhealthy: the loss is not finite"
+    assert np.isfinite(net.history[-1, "train_loss"])
+
+
+def test_gradients_that_disagree_with_float32_are_unhealthy(data):
+    net = fit(data, module=Fragile, module__mode="flip", amp_autotune__timer=Timer(mixed=0.1, pure=0.1))
+    table = net.amp_autotune_.table
+    assert net.amp_autotune_.params == FLOAT32
+    assert table[1]["healthy"] is False and table[1]["grad_cosine"] < 0
+    assert table[1]["reason"].startswith("unhealthy: gradient cosine similarity with float32 -")
+
+
+# ---- candidates and their narrowing ---------------------------------------------------
+
+
+class Conv(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(1, 2, 3, padding=1)
+        self.out = torch.nn.Linear(2 * 4 * 5, 2)
+
+    def forward(self, X):
+        return self.out(torch.relu(self.conv(X.reshape(-1, 1, 4, 5))).flatten(1))
+
+
+def candidates(data, **extra):
+    extra = {"amp_autotune__timer": Timer(), **extra}
+    net = fit(data, max_epochs=1, amp_autotune__steps=1, amp_autotune__warmup=1, **extra)
+    return [(r["params"], r["reason"]) for r in net.amp_autotune_.table], net
+
+
+def test_channels_last_candidates_for_4d_parameters(data):
+    rows, net = candidates(data, module=Conv, amp_autotune__timer=Timer(channels_last=0.3))
+    formats = [(p["amp_enabled"], p["amp_level"], p["memory_format"]) for p, _ in rows]
+    assert formats == [(False, "mixed", "preserve"), (False, "mixed", "channels_last"),
+                       (True, "mixed", "preserve"), (True, "mixed", "channels_last"),
+                       (True, "pure", "preserve")]
+    assert net.amp_autotune_.params["memory_format"] == "channels_last"
+    assert net.module_.conv.weight.is_contiguous(memory_format=torch.channels_last)
+
+
+@pytest.mark.parametrize("given, expected", [
+    ({"amp_level": "pure"}, [("pure", "compensated")]),
+    ({"amp_master_weights": False}, [("pure", False)]),
+    ({"amp_master_weights": "compensated"}, [("pure", "compensated")]),
+    ({"optimizer": torch.optim.Adadelta}, [("mixed", True), ("pure", "compensated")]),
+    ({"optimizer": torch.optim.ASGD}, [("mixed", True), ("pure", True)]),  # no compensation for ASGD
+])
+def test_explicit_settings_narrow_the_amp_candidates(data, given, expected):
+    rows, _ = candidates(data, **given)
+    assert rows[0][0] == FLOAT32  # float32 is always measured: AMP must beat it
+    assert [(p["amp_level"], p["amp_master_weights"]) for p, _ in rows[1:]] == expected
+
+
+def test_explicit_dtype_and_memory_format_narrow_the_candidates(data):
+    rows, _ = candidates(data, module=Conv, memory_format="channels_last")
+    assert {p["memory_format"] for p, _ in rows} == {"channels_last"}
+    rows, net = candidates(data, amp_dtype="float16")
+    # float16 on a CPU is never measured
+    assert [r for _, r in rows[1:]] == ["not measured: float16 on a CPU is emulated, typically "
+                                        "10-60x slower than float32"] * 2
+    assert [p["amp_dtype"] for p, _ in rows[1:]] == ["float16", "float16"]
+    assert net.amp_autotune_.params == FLOAT32
+    assert "not measured: float16 on a CPU" in str(net.amp_autotune_)
+
+
+def test_invalid_combinations_are_refused_as_with_amp_on():
+    net = AmpNetClassifier(Logits, amp_enabled="auto", amp_master_weights="compensated", amp_dtype="float16",
+                           grad_scaler=torch.amp.GradScaler)
+    with pytest.raises(ValueError, match="which torch.amp.GradScaler refuses"):
+        net.initialize()
+    assert not net.initialized_
+
+
+def test_a_candidate_the_optimizer_cannot_serve_is_not_measured(data):
+    rows, net = candidates(data, amp_master_weights="compensated", optimizer=torch.optim.ASGD)
+    assert [p["amp_master_weights"] for p, _ in rows] == [True, "compensated"]
+    assert rows[1][1].startswith("not possible: amp_master_weights='compensated' steps the compensation")
+    assert net.amp_autotune_.params == FLOAT32
+
+
+# ---- bad values --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["yes", "Auto", 1, None, "true"])
+def test_amp_enabled_other_values_are_refused(value):
+    with pytest.raises(ValueError, match=r"amp_enabled must be True, False or 'auto'; got .*Fix: "):
+        AmpNetClassifier(Logits, amp_enabled=value).initialize()
+    net = AmpNetClassifier(Logits).initialize()
+    with pytest.raises(ValueError, match=r"amp_enabled must be True, False or 'auto'"):
+        net.set_params(amp_enabled=value)
+    assert net.amp_enabled is False
+
+
+@pytest.mark.parametrize("setting, match", [
+    ({"amp_autotune__steps": 0}, r"amp_autotune__steps must be an int >= 1; got 0 \(int\)"),
+    ({"amp_autotune__margin": 1.5}, r"amp_autotune__margin must be a number in \[0, 1\)"),
+    ({"amp_autotune__timer": "fast"}, r"amp_autotune__timer must be None or a callable"),
+    ({"amp_autotune__stepz": 3}, r"amp_autotune__stepz \(did you mean amp_autotune__steps\?\)"),
+])
+def test_bad_probe_settings_are_refused(setting, match):
+    with pytest.raises(ValueError, match=match):
+        AmpNetClassifier(Logits, amp_enabled="auto", **setting).initialize()
+
+
+# ---- pinning: the same training, bitwise --------------------------------------------------
+
+
+class Noisy(Logits):
+    """Dropout: the training draws random numbers."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.drop = torch.nn.Dropout(0.3)
+
+    def forward(self, X):
+        return super().forward(self.drop(X))
+
+
+@pytest.mark.parametrize("timer", [Timer(mixed=0.5), Timer(pure=0.3), Timer(mixed=2.0, pure=2.0)],
+                         ids=["mixed", "pure", "float32"])
+def test_pinning_the_choice_trains_bitwise_the_same(data, timer):
+    auto = fit(data, module=Noisy, amp_autotune__timer=timer)
+    after_auto = torch.rand(3)
+    pinned = fit(data, module=Noisy, **auto.amp_autotune_.params)
+    after_pinned = torch.rand(3)
+    assert torch.equal(after_auto, after_pinned)  # the probe left the random state as it was
+    for (name, a), b in zip(auto.module_.named_parameters(), pinned.module_.parameters()):
+        assert a.dtype == b.dtype and torch.equal(a, b), name
+    assert auto.history[:, "train_loss"] == pinned.history[:, "train_loss"]
+    assert [len(row["batches"]) for row in auto.history] == [4, 4]
+    assert type(auto.optimizer_) is type(pinned.optimizer_)
+    assert auto.optimizer_.defaults == pinned.optimizer_.defaults
+
+
+# ---- persistence and reuse -------------------------------------------------------------
+
+
+def test_partial_fit_warm_start_and_refit_reuse_the_choice(data):
+    timer = Timer()
+    net = fit(data, amp_autotune__timer=timer)
+    first = net.amp_autotune_
+    n = len(timer.calls)
+    net.partial_fit(*data)
+    net.set_params(warm_start=True).fit(*data)
+    net.set_params(warm_start=False).fit(*data)
+    assert len(timer.calls) == n and net.amp_autotune_ is first
+    assert net.precision_policy_.name == "bfloat16 (mixed)"
+
+
+def test_set_params_of_an_amp_setting_probes_again(data):
+    timer = Timer()
+    net = fit(data, amp_autotune__timer=timer)
+    n = len(timer.calls)
+    net.set_params(lr=0.01)  # not an AMP setting: the choice stays
+    assert net.amp_autotune_.params == BF16_MIXED
+    net.set_params(amp_dtype="bfloat16")
+    assert not hasattr(net, "amp_autotune_") and not net.precision_policy_.enabled
+    net.partial_fit(*data)
+    assert len(timer.calls) == 2 * n and net.amp_autotune_.params == BF16_MIXED
+
+
+def test_pickle_keeps_the_choice_and_a_clone_probes_afresh(data):
+    timer = Timer()
+    net = fit(data, amp_autotune__timer=timer)
+    loaded = pickle.loads(pickle.dumps(net))
+    assert loaded.amp_autotune_.params == BF16_MIXED and loaded.precision_policy_.enabled
+    assert loaded.amp_autotune_.table == net.amp_autotune_.table
+    fresh = clone(net)
+    assert not hasattr(fresh, "amp_autotune_")
+    assert fresh.get_params()["amp_enabled"] == "auto"
+    assert isinstance(fresh.get_params()["amp_autotune__timer"], Timer)
+
+
+def test_save_and_load_params_keep_the_choice(data, tmp_path):
+    net = fit(data, amp_autotune__timer=Timer(pure=0.3))
+    chosen = net.amp_autotune_.params
+    assert chosen["amp_level"] == "pure"
+    net.save_params(f_params=tmp_path / "p.pt", f_optimizer=tmp_path / "o.pt")
+    timer = Timer()
+    other = AmpNetClassifier(**kw(amp_autotune__timer=timer)).initialize()
+    assert not other.precision_policy_.enabled  # float32 until it chooses
+    other.load_params(f_params=tmp_path / "p.pt", f_optimizer=tmp_path / "o.pt")
+    assert other.amp_autotune_.params == chosen and other.amp_autotune_.source == "loaded"
+    assert other.module_.hidden.weight.dtype == torch.bfloat16
+    for a, b in zip(net.module_.parameters(), other.module_.parameters()):
+        assert torch.equal(a, b)
+    # the compensation buffers came with the optimizer state
+    key = "ampnet_compensation"
+    assert all(key in s for s in other.optimizer_.state.values())
+    other.partial_fit(*data)
+    assert timer.calls == []  # no probe
+    assert "saved choice" in str(other.amp_autotune_)
+
+
+def test_a_loaded_choice_does_not_replace_the_nets_own(data, tmp_path):
+    net = fit(data, amp_autotune__timer=Timer(pure=0.3))
+    net.save_params(f_params=tmp_path / "p.pt")
+    other = fit(data, amp_autotune__timer=Timer(mixed=0.3))
+    with pytest.warns(UserWarning, match=r"chose bfloat16 pure \(compensated\); this net chose bfloat16 "
+                                         r"mixed and keeps its own choice"):
+        other.load_params(f_params=tmp_path / "p.pt")
+    assert other.amp_autotune_.params == BF16_MIXED
+
+
+def test_a_resumed_run_takes_the_checkpoints_choice(data, tmp_path):
+    def make(timer):
+        cp = Checkpoint(monitor=None, dirname=str(tmp_path))
+        return AmpNetClassifier(**kw(amp_autotune__timer=timer, max_epochs=1,
+                                     callbacks=[LoadInitState(cp), cp]))
+
+    first = make(Timer(pure=0.3)).fit(*data)
+    assert first.amp_autotune_.params["amp_level"] == "pure"
+    timer = Timer(mixed=0.3)
+    resumed = make(timer).fit(*data)
+    assert timer.calls == []  # no probe: the checkpoint's choice
+    assert resumed.amp_autotune_.params == first.amp_autotune_.params
+    assert len(resumed.history) == 2
+
+
+# ---- scikit-learn --------------------------------------------------------------------------
+
+
+def test_grid_search_and_pipeline(data):
+    X, y = data
+    search = GridSearchCV(AmpNetClassifier(**kw(amp_autotune__timer=Timer(), max_epochs=1, train_split=None)),
+                          {"lr": [0.01, 0.05]}, cv=2, refit=True)
+    search.fit(X, y)
+    assert search.best_estimator_.amp_autotune_.params == BF16_MIXED
+    assert search.best_estimator_.get_params()["amp_enabled"] == "auto"
+    pipe = make_pipeline(StandardScaler(), AmpNetClassifier(**kw(amp_autotune__timer=Timer(mixed=2.0, pure=2.0),
+                                                                  max_epochs=1)))
+    pipe.fit(X, y)
+    assert pipe[-1].amp_autotune_.params == FLOAT32
+    assert pipe.predict(X).shape == (len(X),)
+
+
+def test_result_is_a_plain_record():
+    result = AutotuneResult(params=dict(FLOAT32), source="loaded")
+    assert str(result) == "amp_enabled='auto' on cpu: chose float32 (AMP off) (a saved choice; no probe ran)"
+
+
+def test_gradient_accumulation_probes_whole_steps(data):
+    net = fit(data, gradient_accumulation_steps=4, amp_autotune__timer=Timer())
+    assert [r["healthy"] for r in net.amp_autotune_.table] == [True, True, True]
+    assert net.amp_autotune_.params == BF16_MIXED
+    assert net.gradient_accumulation_steps == 4
+    # the net itself accumulates: 4 micro-batches of 16 rows per step, one step per epoch
+    assert {float(st["step"]) for st in net.optimizer_.state.values()} == {2.0}

@@ -1,0 +1,151 @@
+"""Fast optimizer kernels by default with AMP on (ampnet.precision.kernels):
+fused where torch's fused kernel works for the optimizer, device and dtype,
+else foreach; the user's choice is kept; AMP off builds skorch's optimizer."""
+
+import warnings
+
+import pytest
+import torch
+from skorch.callbacks import GradientNormClipping, LRScheduler
+from torch.optim.lr_scheduler import StepLR
+
+from ampnet import AmpNetClassifier, AmpWarning
+from ampnet.precision.kernels import fused_works, keep_kernels, kernel_defaults
+
+from test_fused import Recorder
+from test_training_loop import Logits, net_kw
+
+BF16 = dict(amp_enabled=True, amp_dtype="bfloat16")
+CPU = torch.device("cpu")
+
+
+@pytest.mark.parametrize("optimizer", [torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD, torch.optim.Adagrad])
+def test_amp_uses_the_fused_kernel_where_torch_has_one(optimizer):
+    net = AmpNetClassifier(Logits, optimizer=optimizer, **BF16).initialize()
+    assert net.optimizer_.defaults["fused"] is True
+    assert all(group["fused"] is True for group in net.optimizer_.param_groups)
+
+
+@pytest.mark.parametrize("optimizer", [torch.optim.RMSprop, torch.optim.NAdam, torch.optim.RAdam])
+def test_amp_uses_foreach_without_a_fused_kernel(optimizer):
+    net = AmpNetClassifier(Logits, optimizer=optimizer, **BF16).initialize()
+    assert net.optimizer_.defaults["foreach"] is True
+    assert "fused" not in net.optimizer_.defaults or not net.optimizer_.defaults["fused"]
+
+
+def test_amp_off_builds_the_optimizer_as_skorch_does():
+    net = AmpNetClassifier(Logits, optimizer=torch.optim.Adam).initialize()
+    assert net.optimizer_.defaults["fused"] is None and net.optimizer_.defaults["foreach"] is None
+
+
+@pytest.mark.parametrize("explicit", [dict(optimizer__fused=False), dict(optimizer__foreach=False),
+                                      dict(optimizer__foreach=True), dict(optimizer__differentiable=True)])
+def test_an_explicit_kernel_choice_is_kept(explicit):
+    net = AmpNetClassifier(Logits, optimizer=torch.optim.Adam, **BF16, **explicit).initialize()
+    defaults = net.optimizer_.defaults
+    for key in ("fused", "foreach"):
+        expected = explicit.get("optimizer__" + key)
+        assert defaults[key] == expected
+
+
+def test_pure_low_precision_weights_get_the_fused_kernel_in_their_dtype():
+    net = AmpNetClassifier(Logits, optimizer=torch.optim.SGD, amp_level="pure", amp_master_weights=False,
+                           **BF16).initialize()
+    assert net.module_.hidden.weight.dtype == torch.bfloat16
+    assert net.optimizer_.defaults["fused"] is True
+
+
+class BrokenFusedSGD(torch.optim.SGD):
+    """A fused kernel that skips every update (as torch's CPU fused SGD did for
+    bfloat16, pytorch/pytorch#191763)."""
+
+    def step(self, closure=None):
+        if self.defaults.get("fused"):
+            return None
+        return super().step(closure)
+
+
+def test_a_fused_kernel_that_does_not_update_is_found():
+    assert fused_works(torch.optim.SGD, {"momentum": 0.9}, [(CPU, torch.bfloat16), (CPU, torch.float32)])
+    assert not fused_works(BrokenFusedSGD, {}, [(CPU, torch.bfloat16)])
+    # integer parameters: no fused kernel
+    assert not fused_works(torch.optim.SGD, {}, [(CPU, torch.int64)])
+
+
+def test_kernel_defaults_leave_custom_and_closure_optimizers_alone():
+    params = [torch.zeros(3)]
+    assert kernel_defaults(BrokenFusedSGD, {}, params) == {}  # outside torch.optim
+    assert kernel_defaults(torch.optim.LBFGS, {}, params) == {}
+    assert kernel_defaults(torch.optim.Adam, {"fused": False}, params) == {}
+    assert kernel_defaults(torch.optim.Adam, {}, params) == {"fused": True}
+
+
+def test_float16_default_fused_gets_found_inf_and_records_the_skipped_step(classifier_data):
+    X, y = classifier_data
+    recorder = Recorder()
+    net = AmpNetClassifier(**net_kw(module__bad_calls=(3,), optimizer=torch.optim.Adam, max_epochs=1,
+                                    batch_size=16, callbacks=[recorder]),
+                           amp_enabled=True, amp_dtype="float16", grad_scaler__init_scale=256.0)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "A training batch holds NaN", AmpWarning)
+        warnings.filterwarnings("ignore", "Training ended with a non-finite training loss", AmpWarning)
+        net.fit(X[:64], y[:64])
+    assert net.optimizer_.defaults["fused"] is True
+    skipped = [b["step_skipped"] for b in net.history[-1, "batches"]]
+    assert skipped == [False, False, True, False]
+    # the fused kernel got the overflow flag on the device, three times (one step skipped)
+    assert len(recorder.calls) == 3
+    assert all(isinstance(found, torch.Tensor) and float(found) == 0.0 for _, found in recorder.calls)
+
+
+def test_default_fused_trains_with_clipping_and_scheduler(classifier_data):
+    X, y = classifier_data
+    sched = LRScheduler(StepLR, step_size=1, gamma=0.5, step_every="batch")
+    kw = net_kw(optimizer=torch.optim.AdamW, batch_size=32, callbacks=[GradientNormClipping(0.5), sched])
+    torch.manual_seed(0)
+    default = AmpNetClassifier(**kw, **BF16).fit(X, y)
+    torch.manual_seed(0)
+    explicit = AmpNetClassifier(**kw, **BF16, optimizer__fused=True).fit(X, y)
+    assert default.optimizer_.param_groups[0]["lr"] == pytest.approx(0.1 * 0.5 ** 4)
+    for a, b in zip(default.module_.parameters(), explicit.module_.parameters()):
+        assert torch.equal(a, b)  # the default is the fused kernel, bitwise
+
+
+def test_compensated_weights_take_the_fused_kernel(classifier_data):
+    X, y = classifier_data
+    kw = net_kw(optimizer=torch.optim.Adam, batch_size=32, max_epochs=2)
+    amp = dict(BF16, amp_level="pure", amp_master_weights="compensated")
+    torch.manual_seed(0)
+    default = AmpNetClassifier(**kw, **amp).fit(X, y)
+    torch.manual_seed(0)
+    explicit = AmpNetClassifier(**kw, **amp, optimizer__fused=True).fit(X, y)
+    assert default.optimizer_.defaults["fused"] is True
+    assert default.history[-1, "train_loss"] < default.history[0, "train_loss"]
+    for a, b in zip(default.module_.parameters(), explicit.module_.parameters()):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("saver, loader", [({}, BF16), (BF16, {})])
+def test_optimizer_state_loads_across_kernels(tmp_path, classifier_data, saver, loader):
+    """A state saved by an AMP-off net (fused=None) loads into a fused AMP net
+    and the other way round; each keeps its own kernel."""
+    X, y = classifier_data
+    kw = net_kw(optimizer=torch.optim.Adam, batch_size=32)
+    source = AmpNetClassifier(**kw, **saver).fit(X, y)
+    source.save_params(f_params=tmp_path / "p.pt", f_optimizer=tmp_path / "o.pt")
+    target = AmpNetClassifier(**kw, **loader).initialize()
+    kernel = target.optimizer_.param_groups[0]["fused"]
+    target.load_params(f_params=tmp_path / "p.pt", f_optimizer=tmp_path / "o.pt")
+    assert target.optimizer_.param_groups[0]["fused"] == kernel
+    steps = {float(s["step"]) for s in target.optimizer_.state.values()}
+    assert steps == {4.0}
+    target.partial_fit(X, y)  # and it steps with the loaded state
+    assert {float(s["step"]) for s in target.optimizer_.state.values()} == {8.0}
+
+
+def test_keep_kernels_replaces_only_the_kernel_keys():
+    opt = torch.optim.Adam([torch.zeros(2, requires_grad=True)], fused=True)
+    state = {"state": {}, "param_groups": [{"params": [0], "lr": 0.5, "fused": None, "foreach": True}]}
+    kept = keep_kernels(opt, state)
+    assert kept["param_groups"][0] == {"params": [0], "lr": 0.5, "fused": True, "foreach": None}
+    assert state["param_groups"][0]["fused"] is None  # the argument is unchanged

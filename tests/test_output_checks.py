@@ -1,0 +1,118 @@
+"""Natural mistakes caught at the first training batch (ampnet.output_checks):
+logits with skorch's default NLLLoss, float y for class indices; valid
+setups pass."""
+
+import re
+
+import numpy as np
+import pytest
+import torch
+
+import ampnet.net
+from ampnet import AmpNet, AmpNetBinaryClassifier, AmpNetClassifier
+
+AMP = [{}, {"amp_enabled": True, "amp_dtype": "bfloat16"}]
+AMP_IDS = ["off", "bf16"]
+
+
+class Logits(torch.nn.Module):
+    def __init__(self, n_out=3):
+        super().__init__()
+        self.lin = torch.nn.Linear(5, n_out)
+
+    def forward(self, X):
+        return self.lin(X)
+
+
+class Softmax(Logits):
+    def forward(self, X):
+        return torch.softmax(self.lin(X), dim=-1)
+
+
+class Sigmoids(Logits):
+    """Each value in [0, 1], rows not summing to 1."""
+
+    def forward(self, X):
+        return torch.sigmoid(self.lin(X))
+
+
+def data(n=64, classes=3):
+    rng = np.random.RandomState(0)
+    X = rng.randn(n, 5).astype(np.float32)
+    return X, (np.abs(X[:, 0] * 2).astype(np.int64) % classes)
+
+
+def make(cls=AmpNetClassifier, module=Logits, **kwargs):
+    torch.manual_seed(0)
+    settings = dict(max_epochs=2, batch_size=16, train_split=None, verbose=0)
+    settings.update(kwargs)
+    return cls(module, **settings)
+
+
+NLL_MESSAGE = (
+    r"AmpNetClassifier trains with criterion=NLLLoss \(skorch's default for a classifier\), which "
+    r"takes the log of the module's output as class probabilities, but {module} does not return "
+    r"probabilities: on the first training batch its outputs range from \S+ to \S+ and its rows "
+    r"sum to \S+ \.\.\. \S+, not 1 \(logits\?\)\. .*Fix: criterion=torch.nn.CrossEntropyLoss for a "
+    r"module that returns logits .* or end the module's forward with torch.softmax\(\.\.\., dim=-1\)"
+)
+
+
+@pytest.mark.parametrize("amp", AMP, ids=AMP_IDS)
+@pytest.mark.parametrize("module", [Logits, Sigmoids])
+def test_nllloss_with_outputs_that_are_not_probabilities_is_refused(module, amp):
+    X, y = data()
+    net = make(module=module, **amp).initialize()
+    before = {k: v.clone() for k, v in net.module_.state_dict().items()}
+    with pytest.raises(ValueError, match=NLL_MESSAGE.format(module=module.__name__)):
+        net.partial_fit(X, y)
+    # refused on the first batch, before any step
+    assert all(torch.equal(v, before[k]) for k, v in net.module_.state_dict().items())
+
+
+@pytest.mark.parametrize("criterion", [torch.nn.CrossEntropyLoss, torch.nn.NLLLoss])
+@pytest.mark.parametrize("amp", AMP, ids=AMP_IDS)
+def test_float_y_for_class_indices_names_y_and_the_fix(criterion, amp):
+    X, y = data()
+    module = Softmax if criterion is torch.nn.NLLLoss else Logits
+    net = make(module=module, criterion=criterion, **amp)
+    with pytest.raises(ValueError, match=re.escape(
+        f"y holds floating-point values (dtype float32: 0.0, 1.0, 2.0), but {criterion.__name__} "
+        "needs class indices, integers from 0 to n_classes - 1. Fix: pass y as integers, e.g. "
+        "y.astype(numpy.int64)"
+    )) as info:
+        net.fit(X, y.astype(np.float32))
+    assert "AmpNetRegressor" in str(info.value)
+    assert "expected" not in str(info.value).lower()  # not torch's "expected scalar type Long"
+
+
+@pytest.mark.parametrize("amp", AMP + [{"amp_enabled": True, "amp_dtype": "bfloat16",
+                                        "amp_level": "pure"}], ids=AMP_IDS + ["bf16-pure"])
+@pytest.mark.parametrize("setup", ["softmax-nll", "logits-crossentropy", "binary", "probability-targets"])
+def test_valid_setups_train(setup, amp):
+    X, y = data()
+    if setup == "softmax-nll":  # skorch's default criterion, a module returning probabilities
+        net = make(module=Softmax, **amp)
+    elif setup == "logits-crossentropy":
+        net = make(criterion=torch.nn.CrossEntropyLoss, **amp)
+    elif setup == "binary":  # BCEWithLogitsLoss, float y of 0/1 as skorch wants it
+        net = make(AmpNetBinaryClassifier, module=Logits, module__n_out=1, **amp)
+        y = (y > 0).astype(np.float32)
+    else:  # CrossEntropyLoss with class probabilities as targets (float y, the output's shape)
+        net = make(AmpNet, criterion=torch.nn.CrossEntropyLoss, **amp)
+        y = np.eye(3, dtype=np.float32)[y] * 0.9 + 0.1 / 3
+    net.fit(X, y)
+    losses = net.history[:, "train_loss"]
+    assert len(losses) == 2 and np.isfinite(losses).all()
+
+
+def test_checked_on_the_first_training_batch_of_a_fit_only(monkeypatch):
+    calls = []
+    real = ampnet.net.check_loss_inputs
+    monkeypatch.setattr(ampnet.net, "check_loss_inputs",
+                        lambda net, y_pred, y_true: calls.append(len(y_pred)) or real(net, y_pred, y_true))
+    X, y = data()
+    net = make(module=Softmax, max_epochs=3, batch_size=24).fit(X, y)  # 3 batches an epoch
+    assert calls == [24]
+    net.partial_fit(X[:16], y[:16])  # each fit call: the module may have changed
+    assert calls == [24, 16]
