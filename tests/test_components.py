@@ -323,13 +323,15 @@ def test_failed_reinitialize_leaves_the_net_as_it_was(fitted_nets, images):
     before["params"]["module"] = "not a module"
     with pytest.raises(TypeError, match="'str' object is not callable"):
         net.initialize()
-    assert net.initialized_ is False
+    _assert_untouched(net, before, weights, state)
+    assert net.initialized_ and len(net.module_.out._forward_hooks) == 1
+    np.testing.assert_array_equal(net.predict_proba(images[0]), proba)
 
 
 def test_refused_set_params_undoes_live_scaler_and_optimizer_changes(classifier_data):
     X, y = classifier_data
     net = small_classifier(optimizer=torch.optim.LBFGS, amp_enabled=True, amp_dtype="bfloat16", amp_level="pure",
-               grad_scaler__growth_factor=2.0).fit(X[:32], y[:32])
+                           grad_scaler__growth_factor=2.0).fit(X[:32], y[:32])
     scaler, lr = net.grad_scaler_, net.optimizer_.param_groups[0]["lr"]
     params = net.get_params(deep=False)
     with pytest.raises(ValueError, match="compensated"):
@@ -337,9 +339,6 @@ def test_refused_set_params_undoes_live_scaler_and_optimizer_changes(classifier_
     assert net.grad_scaler_ is scaler and scaler.get_settings()["growth_factor"] == 2.0
     assert net.optimizer_.param_groups[0]["lr"] == lr
     assert net.get_params(deep=False) == params
-    _assert_untouched(net, before, weights, state)
-    assert net.initialized_ and len(net.module_.out._forward_hooks) == 1
-    np.testing.assert_array_equal(net.predict_proba(images[0]), proba)
 
 
 # ---- the examples, one family at a time ----------------------------------------
