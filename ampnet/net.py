@@ -152,9 +152,9 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
     def precision_params(self, **changes: Any) -> dict[str, Any]:
         """The precision parameters the net trains with, after ``changes``:
         ``amp_enabled='auto'`` stands for its choice (float32 before it, or
-        when ``changes`` drop it; see :mod:`ampnet.precision.autotune`).
+        when ``changes`` drop it; see ``ampnet.precision.autotune``).
 
-        Part of the protocol that :mod:`ampnet.precision` calls on the net
+        Part of the protocol that ``ampnet.precision`` calls on the net
         (it calls no private method of the net); not a user API.
         """
         params = {name: getattr(self, name) for name in PRECISION_PARAMS + steps.STEP_PARAMS}
@@ -291,10 +291,11 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
             autotune_settings({**self.get_params_for("amp_autotune"),
                                **{k.split("__", 1)[1]: v for k, v in own.items() if k.startswith("amp_autotune__")}})
         new_optimizer = any(k.split("__")[0] in self._optimizers for k in kwargs)
-        if not (getattr(self, "_trimmed_for_prediction", False) or new_optimizer):
-            Precision(settings, self.precision_.scaler).check_optimizers(
-                [(n, getattr(self, n + "_")) for n in self._optimizers]
-            )
+        # the one Precision of this call; _apply_precision gives it its scaler
+        new = Precision(settings, self.precision_.scaler)
+        checked = not (getattr(self, "_trimmed_for_prediction", False) or new_optimizer)
+        if checked:
+            new.check_optimizers([(n, getattr(self, n + "_")) for n in self._optimizers])
         # read at the next fit: skorch re-initializes nothing for them (and
         # refuses them on an initialized net)
         stored = {k: v for k, v in others.items() if k.startswith(STORED_PREFIXES)}
@@ -313,7 +314,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
             self.__dict__.update(own)
             if AUTOTUNE_INPUTS.intersection(kwargs):
                 self.__dict__.pop("amp_autotune_", None)  # the next fit probes again
-            self._apply_precision(settings, sorted(kwargs))
+            self._apply_precision(new, sorted(kwargs), checked)
         return self
 
     def _optimizer_settings(self, changed: dict[str, Any]) -> dict[str, Any]:
@@ -340,10 +341,13 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
                 args, kwargs = self.get_params_for_optimizer(name, self.get_all_learnable_params())
                 factory(*args, **kwargs)
 
-    def _apply_precision(self, settings: Any, changed: list[str]) -> None:
-        """Bring ``precision_`` in line with ``settings`` after ``changed``
-        parameters were set on an initialized net."""
-        prec = self.precision_
+    def _apply_precision(self, new: Precision, changed: list[str], checked: bool = False) -> None:
+        """Make ``new`` (built by ``set_params`` from the checked settings)
+        the net's ``precision_`` after ``changed`` parameters were set on an
+        initialized net: give it its scaler (the live one, changed in place,
+        or a new one) and the module's layout. Values are not checked again;
+        the optimizers are, unless ``checked``."""
+        prec, settings = self.precision_, new.settings
         scaler_kw = {k.split("__", 1)[1] for k in changed if k.startswith("grad_scaler__")}
         rebuild_scaler = bool(SCALER_PARAMS.intersection(changed)) or not scaler_kw <= set(LIVE_SETTINGS)
         relayout = bool(LAYOUT_PARAMS.intersection(changed))
@@ -356,7 +360,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         elif scaler_kw:
             live = {k: settings.scaler_kwargs[k] for k in scaler_kw}
             if isinstance(scaler, GradScaler):
-                scaler.set_settings(**live)
+                scaler.apply_settings(**live)  # read_settings has checked the values
             else:  # torch's own scaler: its setters, or a new one
                 for name, value in live.items():
                     setter = getattr(scaler, f"set_{name}", None)
@@ -364,8 +368,8 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
                         scaler = build_scaler(settings)
                         break
                     setter(value)
-        new = Precision.build(settings, scaler)
-        if not getattr(self, "_trimmed_for_prediction", False):  # refuse before the module changes
+        new.scaler = scaler
+        if not (checked or getattr(self, "_trimmed_for_prediction", False)):  # refuse before the module changes
             new.check_optimizers([(n, getattr(self, n + "_")) for n in self._optimizers])
         if relayout and isinstance(self.__dict__.get("module_"), torch.nn.Module):
             self.relayout_precision(prec, new, [k for k in changed if k in LAYOUT_PARAMS])
@@ -380,7 +384,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         optimizer is rebuilt (its state carried over where the parameters
         line up) only when low-precision parameters are involved.
 
-        Part of the protocol that :mod:`ampnet.precision` calls on the net
+        Part of the protocol that ``ampnet.precision`` calls on the net
         (it calls no private method of the net); not a user API.
         """
         trimmed = getattr(self, "_trimmed_for_prediction", False)
@@ -435,7 +439,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
     def _autotune(self, X: Any, y: Any = None, **fit_params: Any) -> None:
         """Choose for ``amp_enabled='auto'`` once: a saved choice of the
         checkpoint that ``LoadInitState`` resumes from, else the probe of
-        :mod:`ampnet.precision.autotune`; then train with it."""
+        ``ampnet.precision.autotune``; then train with it."""
         if not is_auto(self.amp_enabled) or "amp_autotune_" in self.__dict__:
             return
         saved = self._resume_choice()
@@ -479,7 +483,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         with these settings (the optimizers' state carried over, with
         ``carry``).
 
-        Part of the protocol that :mod:`ampnet.precision` calls on the net
+        Part of the protocol that ``ampnet.precision`` calls on the net
         (it calls no private method of the net); not a user API.
         """
         self.__dict__["amp_autotune_"] = result
@@ -518,7 +522,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         (for the probe): its own precision, optimizers, history and step
         state, no callbacks, no data parallelism; this net is unchanged.
 
-        Part of the protocol that :mod:`ampnet.precision` calls on the net
+        Part of the protocol that ``ampnet.precision`` calls on the net
         (it calls no private method of the net); not a user API.
         """
         from skorch.history import History

@@ -9,8 +9,10 @@ skorch trains on, silently, with two mistakes that a new user makes:
 - ``y`` holds floats where ``CrossEntropyLoss`` or ``NLLLoss`` need class
   indices: torch raises "expected scalar type Long but found Float".
 
-:func:`check_loss_inputs` raises a ``ValueError`` naming the mistake and the
-fix. The net calls it in ``get_loss`` for the first training batch of each
+:func:`check_loss_inputs` names the mistake and the fix: an
+:class:`~ampnet.exceptions.AmpWarning` for the first (training goes on, as
+skorch's, whose own tests fit such nets to exercise other features), a
+``ValueError`` for the second (in place of torch's error). The net calls it in ``get_loss`` for the first training batch of each
 ``fit`` or ``partial_fit`` only: a reduction of the batch's outputs and one
 read on the host, for a classifier with ``NLLLoss``; none otherwise.
 Outputs that are probabilities (a softmax in ``forward``), binary
@@ -24,6 +26,8 @@ from typing import Any
 
 import torch
 from skorch.classifier import NeuralNetClassifier
+
+from ampnet.exceptions import amp_warn
 
 __all__ = ["check_loss_inputs", "PROBABILITY_TOLERANCE"]
 
@@ -68,7 +72,7 @@ def _check_probabilities(net: Any, y_pred: torch.Tensor) -> None:
         return
     rows = pred.movedim(1, -1)[finite]
     sums = sums[finite]
-    raise ValueError(
+    amp_warn(
         f"{type(net).__name__} trains with criterion=NLLLoss (skorch's default for a "
         "classifier), which takes the log of the module's output as class probabilities, but "
         f"{_module_name(net)} does not return probabilities: on the first training batch its "
@@ -81,7 +85,7 @@ def _check_probabilities(net: Any, y_pred: torch.Tensor) -> None:
 
 
 def check_loss_inputs(net: Any, y_pred: Any, y_true: Any) -> None:
-    """Raise a ``ValueError`` for the mistakes described in this module.
+    """Warn about, or refuse, the mistakes described in this module.
 
     Parameters
     ----------

@@ -5,7 +5,6 @@ device-to-host read per optimizer step on top of skorch's own."""
 import inspect
 import os
 
-import numpy as np
 import pytest
 import skorch
 import torch
@@ -15,9 +14,8 @@ import ampnet
 from ampnet import AmpNetClassifier
 
 from conftest import MLP
+from host_reads import HOST_READS, HostReadCounter, reads_per_batch
 
-#: Tensor methods that read a value back to the host.
-HOST_READS = ("item", "tolist", "__bool__", "__float__", "__int__", "__index__", "cpu", "numpy")
 
 
 def _skorch_methods():
@@ -70,46 +68,13 @@ def test_stack_at_forward_holds_at_most_two_ampnet_files(classifier_data, level)
     assert len(files) <= 2, sorted(files)
 
 
-class _ReadCounter:
-    """Counts Python-level host reads of tensors while active."""
-
-    def __init__(self):
-        self.count = 0
-        self._saved = {}
-
-    def __enter__(self):
-        for name in HOST_READS:
-            original = getattr(torch.Tensor, name)
-            self._saved[name] = original
-
-            def counted(*args, __original=original, **kwargs):
-                self.count += 1
-                return __original(*args, **kwargs)
-
-            setattr(torch.Tensor, name, counted)
-        return self
-
-    def __exit__(self, *exc):
-        for name, original in self._saved.items():
-            setattr(torch.Tensor, name, original)
-
-
 #: One read per fit, on its first training batch: ampnet.output_checks (is the output of a
 #: classifier with NLLLoss probabilities?), amortized over _reads_per_batch's 2 x 16 batches.
 PER_FIT = 1 / 32
 
 
 def _reads_per_batch(cls, **kwargs):
-    rng = np.random.RandomState(0)
-    X = rng.randn(256, 20).astype(np.float32)
-    y = (X[:, 0] > 0).astype(np.int64)
-    kwargs = {"optimizer": torch.optim.SGD, "lr": 0.05, **kwargs}
-    net = cls(MLP, max_epochs=2, batch_size=16, train_split=None, verbose=0, **kwargs)
-    net.initialize()
-    with _ReadCounter() as counter:
-        net.partial_fit(X, y)
-    batches = len(net.history[:, "batches"][0]) * len(net.history)
-    return counter.count / batches
+    return reads_per_batch(cls, MLP, **kwargs)[0]
 
 
 @pytest.mark.parametrize(
@@ -314,3 +279,58 @@ def test_one_constant_lists_the_low_precision_dtypes():
                 if len(attrs & low) >= 2:
                     found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert found == [], "use ampnet.dtypes.LOW_PRECISION_DTYPES"
+
+
+def test_host_reads_are_counted_in_one_place():
+    patches = []
+    paths = [p for folder in ("ampnet", "ampnet_bench", "tests", "tools") for p in (ROOT / folder).rglob("*.py")]
+    for path in sorted(paths):
+        if path.name == "host_reads.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "setattr"
+                    and ast.unparse(node.args[0]) == "torch.Tensor"):
+                patches.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert patches == [], "count host reads with tests/host_reads.py"
+    with HostReadCounter() as counter:
+        torch.ones(2).sum().item()
+        torch.zeros(3).tolist()
+    assert counter.count == 2
+    assert torch.Tensor.item is not None and "counted" not in torch.Tensor.item.__name__
+    assert set(HOST_READS) >= {"item", "tolist", "cpu", "numpy"}
+
+
+def test_set_params_of_a_live_scaler_setting_checks_once_and_builds_one_precision(monkeypatch, classifier_data):
+    from ampnet.precision import component, scaler, settings
+
+    X, y = classifier_data
+    net = AmpNetClassifier(MLP, amp_enabled=True, amp_dtype="float16", max_epochs=1, batch_size=64,
+                           train_split=None, verbose=0).fit(X[:128], y[:128])
+    live = net.grad_scaler_
+    builds, checks = [], []
+    init = component.Precision.__init__
+
+    def counting_init(self, *args, **kwargs):
+        builds.append(1)
+        init(self, *args, **kwargs)
+
+    def counting_check(original):
+        def check(*args, **kwargs):
+            checks.append(kwargs)
+            return original(*args, **kwargs)
+        return check
+
+    monkeypatch.setattr(component.Precision, "__init__", counting_init)
+    monkeypatch.setattr(settings, "validate_scaler_settings", counting_check(settings.validate_scaler_settings))
+    monkeypatch.setattr(scaler, "validate_scaler_settings", counting_check(scaler.validate_scaler_settings))
+    net.set_params(grad_scaler__growth_factor=4)
+    assert len(builds) == 1
+    assert len(checks) == 1 and checks[0]["growth_factor"] == 4
+    # the live scaler changed in place, and the new component holds it
+    assert net.grad_scaler_ is live and live.get_settings()["growth_factor"] == 4.0
+    assert net.precision_.settings.scaler_kwargs == {"growth_factor": 4}
+    assert net.get_params()["grad_scaler__growth_factor"] == 4
+    # a bad value is still refused, naming the parameter, and changes nothing
+    with pytest.raises(ValueError, match="growth_factor"):
+        net.set_params(grad_scaler__growth_factor=0.5)
+    assert live.get_settings()["growth_factor"] == 4.0 and net.get_params()["grad_scaler__growth_factor"] == 4

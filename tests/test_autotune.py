@@ -102,6 +102,7 @@ def test_the_net_trains_with_the_fastest_candidate(data):
                                             "amp_master_weights": "compensated"}]
     assert [r["step_time_s"] for r in result.table] == [1.0, 0.5, 0.7]
     assert [r["healthy"] for r in result.table] == [True, True, True]
+    assert [r["steps"] for r in result.table] == [6, 6, 6]
     assert [r["chosen"] for r in result.table] == [False, True, False]
     assert all(r["grad_cosine"] > 0.99 for r in result.table)
     # 3 candidates x 5 timed steps; the warm-up steps are not timed
@@ -109,7 +110,7 @@ def test_the_net_trains_with_the_fastest_candidate(data):
     text = str(result)
     assert text.startswith("amp_enabled='auto' on cpu: chose bfloat16 mixed")
     for part in ("float32 (AMP off)", "bfloat16 pure (compensated)", "1000.00", "500.00", "chosen",
-                 "slower than bfloat16 mixed", "3 candidates x (2 warm-up + 5 timed) steps"):
+                 "slower than bfloat16 mixed", "probe: 18 training steps of 3 candidates (1 warm-up + up to 5 timed each)"):
         assert part in text
 
 
@@ -413,3 +414,24 @@ def test_gradient_accumulation_probes_whole_steps(data):
     assert net.gradient_accumulation_steps == 4
     # the net itself accumulates: 4 micro-batches of 16 rows per step, one step per epoch
     assert {float(st["step"]) for st in net.optimizer_.state.values()} == {2.0}
+
+
+def test_the_probe_leaves_callbacks_and_history_alone(data):
+    from skorch.callbacks import Callback
+
+    class Count(Callback):
+        def initialize(self):
+            self.grads, self.begins = 0, 0
+            return self
+
+        def on_train_begin(self, net, **kwargs):
+            self.begins += 1
+
+        def on_grad_computed(self, net, **kwargs):
+            self.grads += 1
+
+    count = Count()
+    net = fit(data, callbacks=[count], amp_autotune__timer=Timer())
+    assert len(net.amp_autotune_.table) == 3  # 3 candidates x 6 probe steps ran on copies
+    assert (count.begins, count.grads) == (1, 2 * 4)  # only the real steps: 2 epochs x 4 batches
+    assert len(net.history) == 2 and [len(row["batches"]) for row in net.history] == [4, 4]

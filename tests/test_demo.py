@@ -46,7 +46,7 @@ def test_demo_prints_progress_and_table(tmp_path):
         "float32 (AMP off)", "bfloat16 mixed", "bfloat16 pure (compensated)"]
     assert sum(row.rstrip().endswith("chosen") for row in table) == 1
     assert any(row.strip().startswith(chosen) and row.rstrip().endswith("chosen") for row in table)
-    assert lines[start + 5].startswith("probe: 3 candidates x")
+    assert lines[start + 5].startswith("probe: ") and " training steps of 3 candidates (" in lines[start + 5]
     verdict = next(line for line in lines if line.startswith(("AMP does not pay off", "AMP pays off")))
     if chosen.startswith("float32"):
         assert verdict.startswith("AMP does not pay off for this model on this machine")

@@ -2,12 +2,20 @@
 
 Many randomly corrupted versions of each checkpoint file (truncated,
 bit-flipped, overwritten, wrong-typed or missing fields, foreign files: a
-file of another slot or of another run) and planted journals are loaded in
-one subprocess. Each load must either succeed (and the net must then
-predict, train a step and draw random numbers without error) or raise a
-ValueError/OSError that names the file; after a refusal the net must be
-exactly as before (parameters, optimizer, criterion, history, loss scaler,
-LR scheduler, device and every RNG). The subprocess must never die.
+file of another slot or of another run), every numeric field set to
+extremes (0, -1, int32 and int64 bounds, subnormals, float32/float64
+bounds, NaN, infinities), special files and links in each file's place
+(a FIFO, a socket, a directory, links to /dev/zero, to a valid copy outside
+the folder, to one inside it, and dangling ones) and planted journals are
+loaded in one subprocess, with a data-size limit and a per-case alarm so
+that a load that hangs or reads without end is a reported failure. Each
+load must either succeed (and the net must then step its schedulers to a
+finite learning rate, predict, train a step and draw random numbers without
+error) or raise a ValueError/OSError that names the file; after a refusal
+the net must be exactly as before (parameters, optimizer, criterion,
+history, loss scaler, LR scheduler, device and every RNG). A save after a
+planted outward link must replace the link and leave its target alone. The
+subprocess must never die.
 
 Run by pytest; also runnable by hand::
 
@@ -20,6 +28,8 @@ import math
 import os
 import random
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import time
@@ -31,6 +41,19 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SEED = 20240610
+
+#: What takes each file's place in the special-file cases.
+SPECIAL_KINDS = ("fifo", "socket", "directory", "dev-zero", "link-out", "link-in", "dangling")
+
+#: Seconds one case may take before it counts as a hang.
+CASE_ALARM_S = 20
+
+#: Extremes for numeric fields (ints are also tried as floats and vice versa).
+EXTREMES = (
+    0, -1, 1, 2**31 - 1, 2**31, -(2**31), 2**53 + 1, 2**63 - 1, -(2**63),
+    0.0, -0.0, -1.0, 5e-324, 1.1754943508222875e-38, 3.4028234663852886e38, 1e308, -1e308,
+    float("nan"), float("inf"), float("-inf"),
+)
 
 # slot -> file name, as Checkpoint(dirname=...) saves them
 FILES = {
@@ -48,6 +71,7 @@ FILES = {
 def test_fuzzed_checkpoints_load_or_are_refused_without_changing_the_net(tmp_path):
     result = tmp_path / "result.json"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONHASHSEED="0")
+    cpu_before = _children_cpu_s()
     started = time.perf_counter()
     proc = subprocess.run(
         [sys.executable, __file__, str(tmp_path / "work"), str(result), str(SEED)],
@@ -55,9 +79,10 @@ def test_fuzzed_checkpoints_load_or_are_refused_without_changing_the_net(tmp_pat
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
     )
     elapsed = time.perf_counter() - started
+    cpu = None if cpu_before is None else _children_cpu_s() - cpu_before
     progress = tmp_path / "work" / "progress.txt"
     last = progress.read_text().splitlines()[-1:] if progress.exists() else []
     assert proc.returncode == 0, (
@@ -66,14 +91,35 @@ def test_fuzzed_checkpoints_load_or_are_refused_without_changing_the_net(tmp_pat
     report = json.loads(result.read_text())
     print(
         f"\nfuzz: {report['cases']} cases ({report['refused']} refused, {report['loaded']} "
-        f"loaded) in {elapsed:.1f} s"
+        f"loaded) in {elapsed:.1f} s" + ("" if cpu is None else f" ({cpu:.1f} s of CPU)")
     )
     assert report["failures"] == [], "\n".join(report["failures"][:20])
     # every kind of corruption ran, for every file, and both outcomes occurred
-    assert report["cases"] >= 500
+    assert report["cases"] >= 550
     assert set(report["slots"]) >= set(FILES) | {"journal"}
-    assert {"truncate", "bitflip", "field", "foreign", "other-run"} <= set(report["kinds"])
+    assert {"truncate", "bitflip", "field", "foreign", "other-run", "extreme"} <= set(report["kinds"])
     assert report["refused"] > 0 and report["loaded"] > 0
+    by_kind = report["by_kind"]
+    assert by_kind["extreme"]["refused"] > 0 and by_kind["extreme"]["loaded"] > 0
+    # special files and outward links are always refused; links inside the folder load
+    for kind in ("fifo", "socket", "directory", "dev-zero", "link-out"):
+        assert by_kind[kind] == {"refused": len(FILES), "loaded": 0}, (kind, by_kind[kind])
+    assert by_kind["link-in"] == {"refused": 0, "loaded": len(FILES)}
+    assert sum(by_kind["dangling"].values()) == len(FILES)
+    # the CI budget is 30 s of wall-clock time on an idle machine; CPU time is what a
+    # shared machine can measure
+    if cpu is not None:
+        assert cpu < 30, f"the fuzz test used {cpu:.0f} s of CPU (budget: 30 s)"
+
+
+def _children_cpu_s():
+    """CPU seconds used by finished child processes (None where unknown)."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 # ---- the worker (runs in the subprocess) ------------------------------------
@@ -87,11 +133,28 @@ def _where(exc):
     return " <- ".join(f"{os.path.basename(f.filename)}:{f.lineno}" for f in reversed(frames))
 
 
+class _Hang(BaseException):
+    """Raised by the per-case alarm (not an Exception: no reader may turn it
+    into a refusal)."""
+
+
+def _alarm(signum, frame):
+    raise _Hang(f"the case ran longer than {CASE_ALARM_S} s (a blocked or endless read?)")
+
+
 def _worker(workdir, result_path, seed):
     # this checkout's ampnet and the test helpers, whatever is installed
     sys.path[:0] = [os.path.dirname(HERE), HERE]
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
+    if hasattr(signal, "SIGALRM"):
+        signal.signal(signal.SIGALRM, _alarm)
+    try:  # a read without end fails with MemoryError instead of exhausting the machine
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_DATA, (4 << 30, resource.getrlimit(resource.RLIMIT_DATA)[1]))
+    except (ImportError, ValueError, OSError):
+        pass
     from skorch.callbacks import LRScheduler
 
     from ampnet import AmpNetClassifier
@@ -241,18 +304,40 @@ def _worker(workdir, result_path, seed):
         "slots": [],
         "kinds": [],
         "outcomes": [],
+        "by_kind": {},
     }
 
+    spare = {}  # mode -> a net that a refused load left exactly as it was
+
     def target_net(safetensors):
-        net = make_net().initialize()
         # without an optimizer file (safetensors) skorch cannot rebuild a resumed
         # scheduler, so that checkpoint loads only through load_params
-        if safetensors or rng.random() < 0.5:  # schedulers running, as during training
+        mode = "load_params" if safetensors or rng.random() < 0.5 else "LoadInitState"
+        if mode in spare:
+            return spare.pop(mode), mode
+        net = make_net().initialize()
+        if mode == "load_params":  # schedulers running, as during training
             for _, cb in net.callbacks_:
                 if isinstance(cb, LRScheduler):
                     cb.on_train_begin(net)
-            return net, "load_params"
-        return net, "LoadInitState"
+        return net, mode
+
+    def check_schedulers(net):
+        """Step every running scheduler once: the learning rates must stay
+        finite and >= 0."""
+        for name, cb in net.callbacks_:
+            scheduler = getattr(cb, "lr_scheduler_", None) if isinstance(cb, LRScheduler) else None
+            if scheduler is None:
+                continue
+            state = copy.deepcopy(scheduler.state_dict())
+            groups = [dict(g) for g in net.optimizer_.param_groups]
+            scheduler.step()
+            lrs = [g["lr"] for g in net.optimizer_.param_groups]
+            scheduler.load_state_dict(state)
+            for group, saved in zip(net.optimizer_.param_groups, groups):
+                group.update(saved)
+            if not all(math.isfinite(lr) and lr >= 0 for lr in lrs):
+                raise ValueError(f"scheduler {name!r} stepped to the learning rates {lrs}")
 
     def run_case(slot, kind, named, safetensors=False, after=None):
         case = f"{report['cases']}:{slot}:{kind}"
@@ -272,6 +357,8 @@ def _worker(workdir, result_path, seed):
         cp.initialize()
         net, mode = target_net(safetensors)
         before = state_of(net)
+        if hasattr(signal, "alarm"):
+            signal.alarm(CASE_ALARM_S)
         listing = {
             n: open(os.path.join(ckpt, n), "rb").read()
             for n in sorted(os.listdir(ckpt))
@@ -290,7 +377,13 @@ def _worker(workdir, result_path, seed):
         except (ValueError, OSError) as exc:
             report["refused"] += 1
             report["outcomes"].append("refused")
+            report["by_kind"].setdefault(kind, {"refused": 0, "loaded": 0})["refused"] += 1
             text = str(exc)
+            cause = exc
+            while cause is not None and not isinstance(cause, MemoryError):
+                cause = cause.__cause__ or cause.__context__
+            if cause is not None:
+                report["failures"].append(f"{case} ({mode}): refused after running out of memory: {text[:200]}")
             if named not in text:
                 report["failures"].append(
                     f"{case} ({mode}): the error does not name {named!r}: {text[:300]}"
@@ -300,6 +393,8 @@ def _worker(workdir, result_path, seed):
                 report["failures"].append(
                     f"{case} ({mode}): refused ({text[:150]}) but changed {changed[:3]}"
                 )
+            else:
+                spare[mode] = net
             now = {
                 n: open(os.path.join(ckpt, n), "rb").read()
                 for n in listing
@@ -307,7 +402,7 @@ def _worker(workdir, result_path, seed):
             }
             if slot == "journal" and now != listing:
                 report["failures"].append(f"{case}: a refused journal changed the checkpoint directory")
-        except Exception as exc:  # noqa: BLE001 - any other error is a finding
+        except (Exception, _Hang) as exc:  # noqa: BLE001 - any other error is a finding
             report["outcomes"].append("error")
             report["failures"].append(
                 f"{case} ({mode}): {type(exc).__name__}: {str(exc)[:300]} at {_where(exc)}"
@@ -315,7 +410,9 @@ def _worker(workdir, result_path, seed):
         else:
             report["loaded"] += 1
             report["outcomes"].append("loaded")
-            try:  # a loaded net must work: random numbers, prediction, a training step
+            report["by_kind"].setdefault(kind, {"refused": 0, "loaded": 0})["loaded"] += 1
+            try:  # a loaded net must work: schedulers, random numbers, prediction, a training step
+                check_schedulers(net)
                 np.random.rand(3), random.random(), torch.rand(3)
                 net.predict_proba(X[:8])
                 net.partial_fit(X[:16], y[:16])
@@ -323,13 +420,16 @@ def _worker(workdir, result_path, seed):
                 report["failures"].append(
                     f"{case} ({mode}): loaded, then {type(exc).__name__}: {str(exc)[:300]} at {_where(exc)}"
                 )
+        finally:
+            if hasattr(signal, "alarm"):
+                signal.alarm(0)
         for path, data in victim_files.items():
             if not os.path.isfile(path) or open(path, "rb").read() != data:
                 report["failures"].append(f"{case}: {path} outside the checkpoint was changed")
                 with open(path, "wb") as f:
                     f.write(data)
         if after is not None:
-            after()
+            after(net)
 
     # ---- corruptions --------------------------------------------------------
 
@@ -531,9 +631,132 @@ def _worker(workdir, result_path, seed):
             run_case(slot, "other-run", path, safetensors)
 
     for slot in FILES:
-        fuzz_slot(slot, pristine, False, n_bytes=16, n_fields=30)
+        fuzz_slot(slot, pristine, False, n_bytes=14, n_fields=20)
     for slot in ("f_params", "f_grad_scaler", "f_rng_state"):
-        fuzz_slot(slot, pristine_st, True, n_bytes=10, n_fields=15)
+        fuzz_slot(slot, pristine_st, True, n_bytes=8, n_fields=12)
+
+    # ---- numeric extremes, field by field ---------------------------------------
+
+    def numeric_leaves(obj, path=()):
+        """Paths to every number in ``obj`` (the first and last of long lists
+        of numbers) and to the first and last element of numeric tensors."""
+        if obj is None or isinstance(obj, bool):
+            return []
+        if isinstance(obj, (int, float)):
+            return [path]
+        if isinstance(obj, torch.Tensor):
+            if obj.dtype == torch.bool or obj.numel() == 0:
+                return []
+            return [path + (("elem", i),) for i in sorted({0, obj.numel() - 1})]
+        if isinstance(obj, dict):
+            items = list(obj.items())
+        elif isinstance(obj, list):
+            items = list(enumerate(obj))
+            if len(items) > 4 and all(isinstance(v, (int, float)) for _, v in items):
+                items = [items[0], items[-1]]
+        else:
+            return []
+        return [leaf for key, value in items for leaf in numeric_leaves(value, path + (key,))]
+
+    def set_leaf(obj, path, value):
+        """Set the leaf at ``path`` to ``value``; False where a tensor's dtype
+        cannot hold it."""
+        if path and isinstance(path[-1], tuple):
+            *parents, key, (_, index) = path
+        else:
+            *parents, key = path
+            index = None
+        for step in parents:
+            obj = obj[step]
+        if index is None:
+            obj[key] = value
+            return True
+        tensor = obj[key].clone()
+        flat = tensor.reshape(-1)
+        try:
+            flat[index] = value
+        except (RuntimeError, OverflowError, TypeError):
+            return False
+        obj[key] = flat.reshape(tensor.shape)
+        return True
+
+    def fuzz_extremes(slot, n_fields, per_field):
+        import io
+
+        name = FILES[slot]
+        path = os.path.join(ckpt, name)
+        original = open(os.path.join(pristine, name), "rb").read()
+        is_json = name.endswith(".json")
+        load = (lambda: json.loads(original)) if is_json else (
+            lambda: listify(torch.load(io.BytesIO(original), weights_only=True)))
+        leaves = numeric_leaves(load())
+        for leaf in rng.sample(leaves, min(n_fields, len(leaves))):
+            for value in rng.sample(EXTREMES, per_field):
+                obj = load()
+                if not set_leaf(obj, leaf, value):
+                    continue
+                reset(pristine)
+                if is_json:
+                    write(path, json.dumps(obj).encode())
+                else:
+                    buffer = io.BytesIO()
+                    torch.save(obj, buffer)
+                    write(path, buffer.getvalue())
+                run_case(slot, "extreme", path)
+
+    for slot in FILES:
+        fuzz_extremes(slot, n_fields=12, per_field=2)
+
+    # ---- special files and links in each file's place ------------------------------
+
+    def make_special(kind, path, slot):
+        """Put ``kind`` where the file ``path`` was; return the hook to run
+        after the case."""
+        os.remove(path)
+        if kind == "fifo":
+            os.mkfifo(path)
+        elif kind == "socket":
+            here = os.getcwd()
+            os.chdir(os.path.dirname(path))  # a socket's path is limited to ~100 bytes
+            try:
+                with socket.socket(socket.AF_UNIX) as sock:
+                    sock.bind(os.path.basename(path))
+            finally:
+                os.chdir(here)
+        elif kind == "directory":
+            os.mkdir(path)
+        elif kind == "dev-zero":
+            os.symlink("/dev/zero", path)
+        elif kind == "dangling":
+            os.symlink(os.path.join(ckpt, "no-such-file"), path)
+        elif kind == "link-in":
+            inside = os.path.join(ckpt, "real-" + os.path.basename(path))
+            shutil.copyfile(os.path.join(pristine, FILES[slot]), inside)
+            os.symlink(os.path.basename(inside), path)
+        else:  # "link-out": a valid copy outside the folder
+            outside = os.path.join(victims, "outside-" + os.path.basename(path))
+            shutil.copyfile(os.path.join(pristine, FILES[slot]), outside)
+            victim_files[outside] = open(outside, "rb").read()
+            os.symlink(outside, path)
+
+            def save_over_the_link(net):
+                # the README's resume pattern saves into the folder next: the link is
+                # replaced by a file, its target is left alone
+                net.save_params(**{k: os.path.join(ckpt, n) for k, n in FILES.items()})
+                if os.path.islink(path) or open(outside, "rb").read() != victim_files[outside]:
+                    report["failures"].append(f"a save wrote through the planted link {path!r}")
+
+            return save_over_the_link
+        return None
+
+    for slot in FILES:
+        for kind in SPECIAL_KINDS:
+            if kind == "socket" and not hasattr(socket, "AF_UNIX"):
+                continue
+            reset(pristine)
+            path = os.path.join(ckpt, FILES[slot])
+            after = make_special(kind, path, slot)
+            run_case(slot, kind, path, after=after)
 
     # ---- planted journals -----------------------------------------------------
 
@@ -601,7 +824,7 @@ def _worker(workdir, result_path, seed):
                 else:
                     os.remove(p)
 
-    for i in range(70):
+    for i in range(50):
         reset(pristine)
         extra = rng.randrange(4)
         if extra == 1:  # a temporary-file name that links outside
@@ -621,7 +844,7 @@ def _worker(workdir, result_path, seed):
             write(journal, b" " * (2 << 20))
         else:
             write(journal, random_journal())
-        run_case("journal", "journal", journal, after=clean_journal)
+        run_case("journal", "journal", journal, after=lambda net: clean_journal())
 
     progress.close()
     with open(result_path, "w") as f:

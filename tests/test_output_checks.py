@@ -1,15 +1,17 @@
 """Natural mistakes caught at the first training batch (ampnet.output_checks):
-logits with skorch's default NLLLoss, float y for class indices; valid
-setups pass."""
+logits with skorch's default NLLLoss (an AmpWarning), float y for class
+indices (a ValueError); valid setups pass without either."""
 
+import inspect
 import re
+import warnings
 
 import numpy as np
 import pytest
 import torch
 
 import ampnet.net
-from ampnet import AmpNet, AmpNetBinaryClassifier, AmpNetClassifier
+from ampnet import AmpNet, AmpNetBinaryClassifier, AmpNetClassifier, AmpWarning
 
 AMP = [{}, {"amp_enabled": True, "amp_dtype": "bfloat16"}]
 AMP_IDS = ["off", "bf16"]
@@ -60,14 +62,17 @@ NLL_MESSAGE = (
 
 @pytest.mark.parametrize("amp", AMP, ids=AMP_IDS)
 @pytest.mark.parametrize("module", [Logits, Sigmoids])
-def test_nllloss_with_outputs_that_are_not_probabilities_is_refused(module, amp):
+def test_nllloss_with_outputs_that_are_not_probabilities_warns_once_at_the_fit(module, amp):
     X, y = data()
-    net = make(module=module, **amp).initialize()
-    before = {k: v.clone() for k, v in net.module_.state_dict().items()}
-    with pytest.raises(ValueError, match=NLL_MESSAGE.format(module=module.__name__)):
-        net.partial_fit(X, y)
-    # refused on the first batch, before any step
-    assert all(torch.equal(v, before[k]) for k, v in net.module_.state_dict().items())
+    net = make(module=module, max_epochs=1, **amp)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        line = inspect.currentframe().f_lineno + 1
+        net.fit(X, y)
+    found = [w for w in caught if issubclass(w.category, AmpWarning)
+             and re.search(NLL_MESSAGE.format(module=module.__name__), str(w.message))]
+    assert len(found) == 1  # the first training batch only
+    assert (found[0].filename, found[0].lineno) == (__file__, line)  # the user's fit
 
 
 @pytest.mark.parametrize("criterion", [torch.nn.CrossEntropyLoss, torch.nn.NLLLoss])

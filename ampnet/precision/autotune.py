@@ -30,7 +30,7 @@ case: it is what AMP must beat.
 
 Measurement and choice
 ----------------------
-Each candidate trains ``warmup`` steps (default 2) and then ``steps`` timed
+Each candidate trains ``warmup`` steps (default 1) and then ``steps`` timed
 steps (default 5) on the first training batch (the first ``batch_size``
 rows of the training split, not shuffled), through the net's own training
 step (:func:`ampnet.step.train_step`: the non-finite guard, the loss scaler,
@@ -47,11 +47,12 @@ Cost
 ----
 At most ``(number of candidates) x (warmup + steps)`` training steps, plus
 up to 8 extra warm-up steps for a float16 candidate whose loss scale is
-still settling: with the defaults 3 candidates x 7 = 21 steps for a model
-without 4-D parameters, 5 x 7 = 35 for a convolutional one. A candidate
+still settling: with the defaults 3 candidates x 6 = 18 steps for a model
+without 4-D parameters, 5 x 6 = 30 for a convolutional one. A candidate
 whose median step time so far is 1.5x float32's or more stops after that
 timed step (it cannot win): where AMP does not pay off, the probe costs
-about 7 + 3 per AMP candidate steps (13 for an MLP). One copy of
+about 6 + 2 per AMP candidate steps (10 for an MLP). The table's ``steps``
+column says how many steps each candidate ran. One copy of
 the module and the optimizers exists at a time besides the net's own (the
 memory of one more model and optimizer state), plus float32's first
 gradients (one float32 value per parameter) for the health check. The probe's wall time is
@@ -120,7 +121,7 @@ METADATA_KEY = "ampnet_autotune"
 CHOICE_KEYS = ("amp_enabled", "amp_dtype", "amp_level", "amp_master_weights", "memory_format")
 
 #: Defaults of the ``amp_autotune__*`` settings.
-AUTOTUNE_DEFAULTS: dict[str, Any] = {"steps": 5, "warmup": 2, "margin": 0.05, "min_cosine": 0.98, "timer": None}
+AUTOTUNE_DEFAULTS: dict[str, Any] = {"steps": 5, "warmup": 1, "margin": 0.05, "min_cosine": 0.98, "timer": None}
 
 _EXTRA_WARMUP = 8  # steps a float16 candidate may take to reach finite gradients
 
@@ -247,7 +248,8 @@ class AutotuneResult:
       One row per candidate, in the order measured: ``params``,
       ``step_time_s`` (median seconds per step; None if not measured),
       ``healthy`` (None if not measured), ``grad_cosine`` (with float32's
-      gradients), ``chosen`` and ``reason`` (why it is unhealthy, not
+      gradients), ``steps`` (training steps run, warm-up included),
+      ``chosen`` and ``reason`` (why it is unhealthy, not
       measured or not chosen; None for the chosen one).
 
     device : str
@@ -285,13 +287,14 @@ class AutotuneResult:
         head = f"amp_enabled='auto' on {self.device}: chose {self.chosen}"
         if self.source != "probe" or not self.table:
             return head + " (a saved choice; no probe ran)"
-        header = ("candidate", "step ms", "healthy", "grad cos", "note")
+        header = ("candidate", "step ms", "steps", "healthy", "grad cos", "note")
         rows = []
         for row in self.table:
             time_s, healthy, cos = row.get("step_time_s"), row.get("healthy"), row.get("grad_cosine")
             rows.append((
                 label(row["params"]),
                 "-" if time_s is None else f"{time_s * 1000:.2f}",
+                str(row.get("steps") or "-"),
                 "-" if healthy is None else ("yes" if healthy else "no"),
                 "-" if cos is None else f"{cos:.4f}",
                 "chosen" if row.get("chosen") else (row.get("reason") or ""),
@@ -301,9 +304,11 @@ class AutotuneResult:
         for row in [header, *rows]:
             lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
         measured = sum(r.get("step_time_s") is not None for r in self.table)
+        total = sum(r.get("steps") or 0 for r in self.table)
         lines.append(
-            f"probe: {measured} candidates x ({self.warmup} warm-up + {self.steps} timed) steps on "
-            f"the first training batch, {self.probe_s:.2f} s; AMP is chosen only when faster than "
+            f"probe: {total} training steps of {measured} candidates ({self.warmup} warm-up + up to "
+            f"{self.steps} timed each) on the first training batch, {self.probe_s:.2f} s; AMP is "
+            "chosen only when faster than "
             f"float32 by more than {self.margin:.0%}, with gradients agreeing with float32's "
             f"(cosine >= {self.min_cosine:g})."
         )
@@ -497,7 +502,7 @@ def _first_batch(net: Any, X: Any, y: Any, **fit_params: Any) -> Any:
 
 def _measure(net: Any, params: dict[str, Any], batch: Any, settings: dict[str, Any],
              timer: Callable[[dict, Callable[[], Any]], float],
-             limit: float | None = None) -> tuple[float, bool, str | None, _GradCapture]:
+             limit: float | None = None) -> tuple[float, bool, str | None, _GradCapture, int]:
     """Train a copy of ``net`` with ``params`` on ``batch``: (median step
     seconds, finite, reason if not, the gradient capture). Timing stops
     early once the median exceeds ``limit`` seconds."""
@@ -532,7 +537,7 @@ def _measure(net: Any, params: dict[str, Any], batch: Any, settings: dict[str, A
         reason = "unhealthy: the loss is not finite"
     elif capture.grads is None and capture.nonfinite:
         reason = "unhealthy: the gradients are not finite"
-    return statistics.median(times), reason is None, reason, capture
+    return statistics.median(times), reason is None, reason, capture, len(losses)
 
 
 def run_probe(net: Any, X: Any, y: Any = None, **fit_params: Any) -> AutotuneResult:
@@ -552,7 +557,7 @@ def run_probe(net: Any, X: Any, y: Any = None, **fit_params: Any) -> AutotuneRes
         reference = None
         for params, skip in candidate_params(net):
             row: dict[str, Any] = {"params": params, "step_time_s": None, "healthy": None,
-                                   "grad_cosine": None, "reason": skip}
+                                   "grad_cosine": None, "steps": 0, "reason": skip}
             table.append(row)
             if skip:
                 continue
@@ -561,7 +566,7 @@ def run_probe(net: Any, X: Any, y: Any = None, **fit_params: Any) -> AutotuneRes
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", AmpWarning)
                     limit = None if baseline else table[0]["step_time_s"] * SLOWER
-                    seconds, healthy, reason, capture = _measure(net, params, batch, settings, timer, limit)
+                    seconds, healthy, reason, capture, ran = _measure(net, params, batch, settings, timer, limit)
             except _Refused as exc:
                 if baseline:
                     raise exc.__cause__ from None
@@ -572,7 +577,7 @@ def run_probe(net: Any, X: Any, y: Any = None, **fit_params: Any) -> AutotuneRes
                     raise
                 row.update(healthy=False, reason=f"unhealthy: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
                 continue
-            row.update(step_time_s=seconds, healthy=healthy, reason=reason)
+            row.update(step_time_s=seconds, healthy=healthy, reason=reason, steps=ran)
             if baseline:
                 reference = capture.grads
                 row["grad_cosine"] = 1.0 if reference is not None else None

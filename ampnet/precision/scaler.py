@@ -179,6 +179,12 @@ class GradScaler(torch.amp.GradScaler):
         merged = {k: v for k, v in self.get_settings().items() if k in LIVE_SETTINGS}
         merged.update(settings)
         validate_scaler_settings(prefix="", **merged)
+        self.apply_settings(**settings)
+
+    def apply_settings(self, **settings: Any) -> None:
+        """:meth:`set_settings` for values already checked (a net's
+        ``set_params`` checks them once, in
+        :func:`~ampnet.precision.settings.read_settings`)."""
         for name, value in settings.items():
             cast = int if name in ("growth_interval", "hysteresis") else float
             setattr(self, "_" + name, cast(value))
