@@ -204,6 +204,32 @@ def test_probe_runs_on_the_first_training_rows_before_any_callback(data):
     assert layouts == [("big",)]
 
 
+def test_auto_choice_is_probed_again_after_a_dtype_change():
+    class Overflowing(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.big = torch.nn.Linear(4, 4)
+            self.out = torch.nn.Linear(4, 2)
+            with torch.no_grad():
+                self.big.weight.fill_(3e4)
+
+        def forward(self, X):
+            return torch.softmax(self.out(self.big(X) * 1e-4), dim=-1)
+
+    rng = np.random.RandomState(0)
+    X, y = rng.rand(16, 4).astype(np.float32), rng.randint(0, 2, 16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", AmpWarning)
+        net = small_classifier(module=Overflowing, amp_enabled=True, amp_dtype="bfloat16", amp_fp32_modules="auto")
+        net.fit(X, y)
+        assert net.amp_layout_.auto_fp32_modules == ()  # nothing overflows bfloat16
+        net.set_params(amp_dtype="float16")
+        assert net.amp_layout_.auto_fp32_modules is None  # not carried over: probed at the next fit
+        net.partial_fit(X, y)
+        fresh = small_classifier(module=Overflowing, amp_fp32_modules="auto", amp_enabled=True, amp_dtype="float16").fit(X, y)
+    assert net.amp_layout_.auto_fp32_modules == fresh.amp_layout_.auto_fp32_modules == ("big",)
+
+
 # ---- with skorch's default train_split (ValidSplit) ---------------------------------------
 
 
@@ -248,29 +274,3 @@ def test_auto_in_grid_search_over_a_pipeline_with_the_default_split(data):
     fitted = search.best_estimator_.named_steps["net"]
     assert fitted.amp_layout_.auto_fp32_modules == ("big",)
     assert np.isfinite(search.cv_results_["mean_test_score"]).all()
-
-
-def test_auto_choice_is_probed_again_after_a_dtype_change():
-    class Overflowing(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.big = torch.nn.Linear(4, 4)
-            self.out = torch.nn.Linear(4, 2)
-            with torch.no_grad():
-                self.big.weight.fill_(3e4)
-
-        def forward(self, X):
-            return torch.softmax(self.out(self.big(X) * 1e-4), dim=-1)
-
-    rng = np.random.RandomState(0)
-    X, y = rng.rand(16, 4).astype(np.float32), rng.randint(0, 2, 16)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", AmpWarning)
-        net = small_classifier(module=Overflowing, amp_enabled=True, amp_dtype="bfloat16", amp_fp32_modules="auto")
-        net.fit(X, y)
-        assert net.amp_layout_.auto_fp32_modules == ()  # nothing overflows bfloat16
-        net.set_params(amp_dtype="float16")
-        assert net.amp_layout_.auto_fp32_modules is None  # not carried over: probed at the next fit
-        net.partial_fit(X, y)
-        fresh = small_classifier(module=Overflowing, amp_fp32_modules="auto", amp_enabled=True, amp_dtype="float16").fit(X, y)
-    assert net.amp_layout_.auto_fp32_modules == fresh.amp_layout_.auto_fp32_modules == ("big",)

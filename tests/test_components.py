@@ -219,8 +219,8 @@ def _expected(before, changes):
     return expected
 
 
-@pytest.mark.parametrize("start", sorted(STARTS))
 @pytest.mark.slow
+@pytest.mark.parametrize("start", sorted(STARTS))
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(changes=CHANGES)
 def test_set_params_on_a_fitted_net_is_all_or_nothing(fitted_nets, start, changes):
@@ -328,6 +328,19 @@ def test_failed_reinitialize_leaves_the_net_as_it_was(fitted_nets, images):
     np.testing.assert_array_equal(net.predict_proba(images[0]), proba)
 
 
+def test_refused_set_params_undoes_live_scaler_and_optimizer_changes(classifier_data):
+    X, y = classifier_data
+    net = small_classifier(optimizer=torch.optim.LBFGS, amp_enabled=True, amp_dtype="bfloat16", amp_level="pure",
+                           grad_scaler__growth_factor=2.0).fit(X[:32], y[:32])
+    scaler, lr = net.grad_scaler_, net.optimizer_.param_groups[0]["lr"]
+    params = net.get_params(deep=False)
+    with pytest.raises(ValueError, match="compensated"):
+        net.set_params(grad_scaler__growth_factor=4.0, lr=0.5, amp_master_weights="compensated")
+    assert net.grad_scaler_ is scaler and scaler.get_settings()["growth_factor"] == 2.0
+    assert net.optimizer_.param_groups[0]["lr"] == lr
+    assert net.get_params(deep=False) == params
+
+
 # ---- the examples, one family at a time ----------------------------------------
 
 
@@ -398,16 +411,3 @@ def test_refused_callback_param_keeps_the_callbacks_state(images):
     with pytest.raises(ValueError, match="callback nope which does not exist"):
         net.set_params(callbacks__nope__x=1)  # skorch re-initializes every callback first
     assert score.best_score_ == best and dict(net.callbacks_)["acc"] is score
-
-
-def test_refused_set_params_undoes_live_scaler_and_optimizer_changes(classifier_data):
-    X, y = classifier_data
-    net = small_classifier(optimizer=torch.optim.LBFGS, amp_enabled=True, amp_dtype="bfloat16", amp_level="pure",
-               grad_scaler__growth_factor=2.0).fit(X[:32], y[:32])
-    scaler, lr = net.grad_scaler_, net.optimizer_.param_groups[0]["lr"]
-    params = net.get_params(deep=False)
-    with pytest.raises(ValueError, match="compensated"):
-        net.set_params(grad_scaler__growth_factor=4.0, lr=0.5, amp_master_weights="compensated")
-    assert net.grad_scaler_ is scaler and scaler.get_settings()["growth_factor"] == 2.0
-    assert net.optimizer_.param_groups[0]["lr"] == lr
-    assert net.get_params(deep=False) == params

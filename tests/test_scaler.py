@@ -281,6 +281,15 @@ def test_pickle_and_deepcopy_mid_step(copier):
     assert math.isfinite(scaler.get_scale())
 
 
+def test_changing_amp_level_keeps_the_loss_scale(classifier_data):
+    X, y = classifier_data
+    net = small_classifier(amp_enabled=True, amp_dtype="float16", grad_scaler__init_scale=256.0, grad_scaler__growth_interval=1).fit(X[:32], y[:32])
+    scale = net.grad_scaler_.get_scale()
+    assert scale != 256.0
+    net.set_params(amp_level="pure")
+    assert net.grad_scaler_.get_scale() == scale
+
+
 # ---- scaler instances and classes on a net -----------------------------------------
 
 
@@ -398,12 +407,3 @@ def test_torch_cuda_amp_gradscaler_class_on_a_cuda_net():
         net = _net(grad_scaler=torch.cuda.amp.GradScaler, grad_scaler__init_scale=256.0, device="cuda",
                    amp_enabled=True, amp_dtype="float16").fit(*_net_data())
     assert net.grad_scaler_.is_enabled() and net.history[0, "batches", 0, "loss_scale"] == 256.0
-
-
-def test_changing_amp_level_keeps_the_loss_scale(classifier_data):
-    X, y = classifier_data
-    net = small_classifier(amp_enabled=True, amp_dtype="float16", grad_scaler__init_scale=256.0, grad_scaler__growth_interval=1).fit(X[:32], y[:32])
-    scale = net.grad_scaler_.get_scale()
-    assert scale != 256.0
-    net.set_params(amp_level="pure")
-    assert net.grad_scaler_.get_scale() == scale
