@@ -29,7 +29,7 @@ class AmpStateError(SkorchException, RuntimeError):
 
 class DirectoryLockedError(AmpStateError, OSError):
     """Another process is saving into the same directory (ampnet allows one
-    writer per directory, see :mod:`ampnet.io.lock`). Also an ``OSError``:
+    writer per directory, see ``ampnet.io.lock``). Also an ``OSError``:
     a save that could not write."""
 
 
