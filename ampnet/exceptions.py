@@ -9,7 +9,7 @@ from skorch.exceptions import SkorchException
 
 from ampnet.warning_site import recorded_site, user_frame, user_site
 
-__all__ = ["AmpWarning", "AmpDivergenceError", "AmpStateError", "amp_warn"]
+__all__ = ["AmpWarning", "AmpDivergenceError", "AmpStateError", "DirectoryLockedError", "amp_warn"]
 
 
 class AmpWarning(UserWarning):
@@ -25,6 +25,12 @@ class AmpDivergenceError(SkorchException, RuntimeError):
 class AmpStateError(SkorchException, RuntimeError):
     """The training step was used in a way that would give wrong gradients,
     e.g. an unscaled ``loss.backward()`` while loss scaling is active."""
+
+
+class DirectoryLockedError(AmpStateError, OSError):
+    """Another process is saving into the same directory (ampnet allows one
+    writer per directory, see ``ampnet.io.lock``). Also an ``OSError``:
+    a save that could not write."""
 
 
 def amp_warn(message: str, category: type[Warning] = AmpWarning) -> None:

@@ -235,11 +235,10 @@ def load_tool(name: str):
     return sys.modules[qualified]
 
 
-@pytest.mark.parametrize("readme", ["README.md", "docs/_readme_draft.md"])
-def test_every_readme_section_has_a_home_in_the_docs(readme):
-    """What the README says (or will say, once the draft replaces it) the site says too, so that
-    shrinking the README loses nothing; tools/readme_in_docs.py lists what is missing."""
-    report, missing = load_tool("readme_in_docs").check(ROOT / readme)
+def test_every_readme_section_has_a_home_in_the_docs():
+    """What the README says the site says too, so that the short README loses nothing;
+    tools/readme_in_docs.py lists what is missing."""
+    report, missing = load_tool("readme_in_docs").check(ROOT / "README.md")
     assert missing == 0, [(e["section"], e["missing"]) for e in report if e["missing"]]
     assert len(report) > 3
 
@@ -259,9 +258,10 @@ def test_readme_in_docs_finds_a_sentence_that_no_page_holds(tmp_path):
     assert by_title["Links"]["home"] == "(README only)"
 
 
-def test_readme_draft_is_short_and_puts_the_cpu_install_first():
-    """The README the site makes possible (docs/_readme_draft.md until it replaces README.md)."""
-    text = (DOCS / "_readme_draft.md").read_text(encoding="utf-8")
+def test_readme_is_short_and_puts_the_cpu_install_first():
+    """The README holds what a visitor needs first, the CPU-only install before the two commands;
+    the rest is on the site."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
     assert len(text.splitlines()) < 200
     cpu = text.index("download.pytorch.org/whl/cpu")
     install = text.index('python -m pip install -e ".[dev]" && python -m ampnet')

@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 #: Files of docs/ that are not pages of the site.
-NOT_PAGES = {"_readme_draft.md"}
+NOT_PAGES: set[str] = set()
 MIN_CHARS = 25  # shorter units ("Tested.", a lone ``)``) say too little to be looked for
 #: Units that the site words differently on purpose, one a line (normalized, as ``-v`` prints them),
 #: each after a ``#`` comment that says why.

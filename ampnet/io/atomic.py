@@ -392,8 +392,8 @@ def atomic_write_group(writers: Mapping[Any, Writer]) -> None:
         except DirectoryLockedError:
             raise
         except OSError as exc:  # the directory cannot be written at all
-            target = next(p for p in paths if exc.filename is None
-                          or os.path.dirname(os.fspath(exc.filename)) == os.path.dirname(p))
+            where = os.path.dirname(os.fspath(exc.filename)) if exc.filename else None
+            target = next((p for p in paths if os.path.dirname(p) == where), next(iter(paths)))
             raise _write_error(target, exc) from exc
         _commit(paths, directories, locks)
 

@@ -11,9 +11,10 @@ writer's temporary files.
 
 A lock whose writer is gone is stale and is taken over:
 
-- on the same host, when no process with its id exists;
-- from another host (or unreadable), when it was not refreshed for
-  :data:`STALE_AFTER_S` seconds (a writer refreshes it after every file).
+- on the same host, when no process with its id exists (POSIX);
+- from another host, on Windows, or unreadable: when it was not refreshed
+  for :data:`STALE_AFTER_S` seconds (a writer refreshes it after every
+  file).
 
 Loads do not take the lock (a load only reads, and completes a committed
 save's renames, which is safe alongside its writer).
@@ -30,7 +31,7 @@ import time
 import uuid
 from typing import Any, Iterator
 
-from ampnet.exceptions import AmpStateError
+from ampnet.exceptions import DirectoryLockedError
 from ampnet.io.kinds import LOCK_MAX_BYTES
 
 __all__ = ["LOCK_NAME", "STALE_AFTER_S", "DirectoryLockedError", "DirectoryLock", "directory_locks"]
@@ -43,12 +44,6 @@ LOCK_NAME = ".ampnet-lock"
 STALE_AFTER_S = 600.0
 
 _VERSION = 1
-
-
-class DirectoryLockedError(AmpStateError, OSError):
-    """Another process is saving into the same directory (ampnet allows one
-    writer per directory). Also an ``OSError``: a save that could not
-    write."""
 
 
 def _holder_of(path: str) -> dict[str, Any] | None:
@@ -88,7 +83,8 @@ def _age(path: str) -> float:
 
 
 def _is_stale(path: str, holder: dict[str, Any] | None) -> bool:
-    if holder is not None and holder["host"] == socket.gethostname():
+    # on Windows os.kill(pid, 0) would send Ctrl-C: the age decides there
+    if holder is not None and holder["host"] == socket.gethostname() and os.name != "nt":
         return not _alive(holder["pid"])
     return _age(path) > STALE_AFTER_S
 

@@ -474,7 +474,6 @@ class PersistenceMixin:
                     check_module_state(obj, state, source, attr)
                     if attr == "module_":
                         check_auto_choice(obj, state, source)
-                    if attr == "module_":
                         choice = plan_saved_choice(self, state, source)
                     extra = ()
                     if attr == "module_":

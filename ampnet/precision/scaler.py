@@ -184,7 +184,7 @@ class GradScaler(torch.amp.GradScaler):
     def apply_settings(self, **settings: Any) -> None:
         """:meth:`set_settings` for values already checked (a net's
         ``set_params`` checks them once, in
-        :func:`~ampnet.precision.settings.read_settings`)."""
+        ``ampnet.precision.settings.read_settings``)."""
         for name, value in settings.items():
             cast = int if name in ("growth_interval", "hysteresis") else float
             setattr(self, "_" + name, cast(value))
