@@ -253,6 +253,8 @@ def test_default_valid_split_probes_the_training_part(data):
     torch.testing.assert_close(FirstInput.seen, first)  # the probe's batch: the training part's first rows
 
 
+@pytest.mark.skipif(not hasattr(__import__("sklearn").utils, "metadata_routing"),
+                    reason="scikit-learn < 1.3 has no metadata routing")
 def test_default_valid_split_with_metadata_routing(data):
     import sklearn
 

@@ -58,13 +58,12 @@ def torch_fused_sgd_updates(dtype):
 
 
 def test_pure_low_precision_weights_get_the_fused_kernel_in_their_dtype():
-    net = AmpNetClassifier(Logits, optimizer=torch.optim.SGD, amp_level="pure", amp_master_weights=False,
+    # Adam: torch 2.12 and 2.13's fused CPU SGD skips bfloat16 updates (pytorch#191763), which
+    # ampnet detects and avoids; this test is about the kernel's dtype, on any torch release
+    net = AmpNetClassifier(Logits, optimizer=torch.optim.Adam, amp_level="pure", amp_master_weights=False,
                            **BF16).initialize()
     assert net.module_.hidden.weight.dtype == torch.bfloat16
-    if torch_fused_sgd_updates(torch.bfloat16):
-        assert net.optimizer_.defaults["fused"] is True
-    else:  # a torch whose fused kernel skips bf16 updates: the foreach kernel instead
-        assert not net.optimizer_.defaults["fused"]
+    assert net.optimizer_.defaults["fused"] is True
 
 
 class BrokenFusedSGD(torch.optim.SGD):
