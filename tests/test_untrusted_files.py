@@ -1456,6 +1456,7 @@ def _run_special_file_cases(cases):
     return results
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs and /dev/zero are POSIX")
 def test_special_files_are_refused_without_hanging_or_reading_forever(tmp_path, pristine_checkpoint):
     """The probes of issue 18: history.json and lr_schedulers.json linked to
@@ -1837,6 +1838,7 @@ def test_rolled_back_load_undoes_the_saved_auto_choice(tmp_path, saved, monkeypa
 # ---- 18.7 export with an integer X_example -----------------------------------------
 
 
+@pytest.mark.slow
 def test_export_with_integer_features_is_refused_clearly(tmp_path, fitted, data):
     """Issue 18: an integer X_example wrote an ONNX file that ONNX Runtime
     could not load (Gemm bound to int64 and float)."""
