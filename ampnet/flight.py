@@ -39,7 +39,7 @@ from typing import Any, Sequence
 import torch
 
 from ampnet.diagnosis import first_nonfinite
-from ampnet.precision import compensation_of
+from ampnet.precision import compensation_of, grads_by_device_dtype
 
 __all__ = ["FlightRecorder", "SAMPLE_PER_TENSOR", "global_grad_norm", "nonfinite_loss_message"]
 
@@ -52,14 +52,7 @@ def global_grad_norm(params: Sequence[torch.Tensor]) -> torch.Tensor | None:
     """The L2 norm of all gradients of ``params`` together, as a float32
     tensor on the first gradient's device (no host read); None without
     gradients. Low-precision gradients are summed in float32."""
-    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
-    for p in params:
-        g = p.grad
-        if g is None:
-            continue
-        if g.is_sparse:
-            g = g.coalesce()._values()
-        groups.setdefault((g.device, g.dtype), []).append(g)
+    groups = grads_by_device_dtype(params)
     if not groups:
         return None
     device = next(iter(groups))[0]

@@ -16,6 +16,7 @@ from ampnet.precision.autotune import (
 )
 from ampnet.precision.compensated import KEY as COMPENSATION_KEY
 from ampnet.precision.compensated import compensation_of, drop_compensation
+from ampnet.precision.checks import grads_by_device_dtype
 from ampnet.precision.component import Precision, build_scaler, module_root
 from ampnet.precision.devices import check_device
 from ampnet.precision.inputs import autocast_dtype_error
@@ -60,6 +61,7 @@ __all__ = [
     "check_device",
     "choice_problem",
     "compensation_of",
+    "grads_by_device_dtype",
     "drop_compensation",
     "dtype_name",
     "effective_params",

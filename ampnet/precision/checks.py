@@ -6,12 +6,27 @@ from typing import Iterable
 
 import torch
 
-__all__ = ["nonfinite_grads", "grads_are_finite"]
+__all__ = ["nonfinite_grads", "grads_are_finite", "grads_by_device_dtype"]
 
 #: Up to this many gradient values per device and dtype, one fused kernel
 #: checks them (fewest dispatches); above, one sum per tensor (read-only,
 #: about half the memory traffic).
 _FUSED_CHECK_MAX_NUMEL = 1 << 20
+
+
+def grads_by_device_dtype(params: Iterable[torch.Tensor]) -> dict[tuple[torch.device, torch.dtype], list[torch.Tensor]]:
+    """The gradients of ``params`` (sparse ones as their values), grouped by
+    device and dtype for torch's foreach kernels; parameters without a
+    gradient are left out."""
+    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+    for p in params:
+        g = p.grad
+        if g is None:
+            continue
+        if g.is_sparse:
+            g = g.coalesce()._values()
+        groups.setdefault((g.device, g.dtype), []).append(g)
+    return groups
 
 
 def nonfinite_grads(params: Iterable[torch.Tensor], device: torch.device | None = None) -> torch.Tensor:
@@ -23,14 +38,7 @@ def nonfinite_grads(params: Iterable[torch.Tensor], device: torch.device | None 
     per tensor (NaN and inf propagate into it), so a gradient whose finite
     values sum beyond the float32 range also counts as non-finite.
     """
-    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
-    for p in params:
-        g = p.grad
-        if g is None:
-            continue
-        if g.is_sparse:
-            g = g.coalesce()._values()
-        groups.setdefault((g.device, g.dtype), []).append(g)
+    groups = grads_by_device_dtype(params)
     flags = []
     for (dev, _), grads in groups.items():
         if sum(g.numel() for g in grads) <= _FUSED_CHECK_MAX_NUMEL:
