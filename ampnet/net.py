@@ -46,7 +46,7 @@ from ampnet.precision import Precision, build_scaler
 from ampnet.precision import COMPENSATION_KEY, compensation_of
 from ampnet.precision import check_device
 from ampnet.precision import autocast_dtype_error
-from ampnet.precision import kernel_defaults, keep_kernels
+from ampnet.precision import ampnet_kernels, kernel_defaults, kernels_differ, keep_kernels
 from ampnet.precision import warn_ineffective_settings
 from ampnet.precision import PrecisionLayout
 from ampnet.precision import PrecisionPolicy
@@ -294,8 +294,8 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         # the one Precision of this call; _apply_precision gives it its scaler
         new = Precision(settings, self.precision_.scaler)
         checked = not (getattr(self, "_trimmed_for_prediction", False) or new_optimizer)
-        if checked:
-            new.check_optimizers([(n, getattr(self, n + "_")) for n in self._optimizers])
+        if checked:  # a kernel ampnet chose is chosen again for the new layout
+            new.check_optimizers([(n, getattr(self, n + "_")) for n in self._optimizers], ampnet_kernels(self))
         # read at the next fit: skorch re-initializes nothing for them (and
         # refuses them on an initialized net)
         stored = {k: v for k, v in others.items() if k.startswith(STORED_PREFIXES)}
@@ -370,11 +370,15 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
                     setter(value)
         new.scaler = scaler
         if not (checked or getattr(self, "_trimmed_for_prediction", False)):  # refuse before the module changes
-            new.check_optimizers([(n, getattr(self, n + "_")) for n in self._optimizers])
+            new.check_optimizers([(n, getattr(self, n + "_")) for n in self._optimizers], ampnet_kernels(self))
+        layout_changed = [k for k in changed if k in LAYOUT_PARAMS]
         if relayout and isinstance(self.__dict__.get("module_"), torch.nn.Module):
-            self.relayout_precision(prec, new, [k for k in changed if k in LAYOUT_PARAMS])
+            self.relayout_precision(prec, new, layout_changed)
         else:
             new.layout, new.masters = prec.layout, prec.masters
+            self.__dict__["precision_"] = new
+            if relayout and not getattr(self, "_trimmed_for_prediction", False) and self._kernels_changed():
+                self._rebuild_optimizers(layout_changed)
         self.__dict__["precision_"] = new
         self.amp_step_state_.scale = None
         self.amp_step_state_.closure = self._uses_closure()
@@ -382,17 +386,41 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
     def relayout_precision(self, old: Precision, new: Precision, changed: list[str]) -> None:
         """Move the fitted module to the new layout, keeping the weights; the
         optimizer is rebuilt (its state carried over where the parameters
-        line up) only when low-precision parameters are involved.
+        line up) only when low-precision parameters are involved, or when
+        the kernel ampnet chose for it is not the one it chooses for the new
+        layout (``ampnet.precision.kernels``).
 
         Part of the protocol that ``ampnet.precision`` calls on the net
         (it calls no private method of the net); not a user API.
         """
         trimmed = getattr(self, "_trimmed_for_prediction", False)
         optimizers = [] if trimmed else [getattr(self, n + "_") for n in self._optimizers]
-        if not new.take_over(old, self.module_, trimmed, optimizers) or trimmed:
-            return  # the same float32 Parameter objects: the optimizer is still right
-        states = {n: opt.state_dict() for n, opt in zip(self._optimizers, optimizers)}
+        moved = new.take_over(old, self.module_, trimmed, optimizers)
+        if trimmed:
+            return
         self.__dict__["precision_"] = new
+        # float32 parameters throughout and the kernel ampnet would choose: the optimizer is still right
+        if moved or self._kernels_changed():
+            self._rebuild_optimizers(changed)
+
+    def _kernels_changed(self) -> bool:
+        """Whether an optimizer whose kernel ampnet chose would get another
+        one if built now (``precision_`` is the new one): AMP turned on or
+        off, or parameters of a dtype the fused kernel does not serve."""
+        for name in ampnet_kernels(self):
+            optimizer = self.__dict__.get(name + "_")
+            factory = getattr(self, name, None)
+            if not isinstance(optimizer, torch.optim.Optimizer) or not callable(factory):
+                continue
+            _, kwargs = self.get_params_for_optimizer(name, self.get_all_learnable_params())
+            if kernels_differ(optimizer, kwargs):
+                return True
+        return False
+
+    def _rebuild_optimizers(self, changed: list[str]) -> None:
+        """Build the optimizers afresh for the module's new layout (with the
+        kernel for it), carrying their state over where the parameters line up."""
+        states = {n: getattr(self, n + "_").state_dict() for n in self._optimizers}
         self._initialize_optimizer(reason=self._format_reinit_msg("optimizer", dict.fromkeys(changed)))
         for name, state in states.items():
             try:

@@ -278,12 +278,6 @@ def test_initialize_on_a_fitted_net_is_all_or_nothing(fitted_nets, start, change
     assert net.initialized_
 
 
-@pytest.mark.xfail(
-    not __import__("ampnet.precision.kernels", fromlist=["fused_works"]).fused_works(
-        torch.optim.SGD, {}, [(torch.device("cpu"), torch.float16)]),
-    strict=True,
-    reason="with torch 2.12-2.13 (fused CPU SGD skips float16 updates, pytorch#191763) the fitted net's "
-           "default fused SGD is refused for float16 weights instead of falling back to foreach")
 def test_issue_example_switch_to_fp16_pure_without_masters_and_scaling(fitted_bf16, images):
     import copy
 

@@ -161,3 +161,162 @@ def test_keep_kernels_replaces_only_the_kernel_keys():
     kept = keep_kernels(opt, state)
     assert kept["param_groups"][0] == {"params": [0], "lr": 0.5, "fused": True, "foreach": None}
     assert state["param_groups"][0]["fused"] is None  # the argument is unchanged
+
+
+# ---- a kernel ampnet chose follows the precision; the user's is kept ---------------------------
+
+FP16_PURE = dict(amp_dtype="float16", amp_level="pure", amp_master_weights=False, grad_scaler__enabled=False)
+
+
+def kernel(net):
+    return {key: net.optimizer_.defaults.get(key) for key in ("fused", "foreach")}
+
+
+def like_torch_2_13(cls, kwargs, kinds):
+    """fused_works as on torch 2.12-2.13, whose CPU fused SGD skips float16
+    updates (pytorch#191763), on any torch release."""
+    return all(dtype != torch.float16 for _, dtype in kinds)
+
+
+def refuse_like_torch_2_13(optimizer, name, dtype):
+    """ampnet's check of a fused SGD as it refuses on torch 2.12-2.13, on any
+    torch release."""
+    if isinstance(optimizer, torch.optim.SGD) and optimizer.defaults.get("fused") and dtype == torch.float16:
+        raise ValueError(f"{name}=torch.optim.SGD(fused=True) does not update float16 parameters (simulated "
+                         "pytorch/pytorch#191763). Fix: optimizer__fused=False")
+
+
+@pytest.fixture
+def torch_2_13(monkeypatch):
+    """Kernel choice and check as on torch 2.12-2.13 (fused CPU SGD skips float16)."""
+    monkeypatch.setattr("ampnet.precision.kernels.fused_works", like_torch_2_13)
+    monkeypatch.setattr("ampnet.precision.compensated.check_fused_sgd", refuse_like_torch_2_13)
+
+
+def optimizer_state(net):
+    return [{k: v.clone() for k, v in s.items()} for s in net.optimizer_.state.values()]
+
+
+def assert_same_state(net, before):
+    after = optimizer_state(net)
+    assert len(after) == len(before) > 0
+    for a, b in zip(after, before):
+        assert a.keys() == b.keys()
+        for key in a:
+            assert torch.equal(a[key], b[key].to(a[key].dtype)), key  # float16 weights: their dtype
+
+
+def test_switch_to_float16_weights_rechooses_the_kernel_ampnet_chose(torch_2_13, classifier_data):
+    """A fitted net whose fused SGD was ampnet's own default switches to pure
+    float16 weights where the fused kernel skips float16 updates: the rebuilt
+    optimizer takes foreach (not refused), keeps its momentum, and trains;
+    back to bfloat16 mixed, it is fused again."""
+    X, y = classifier_data
+    net = AmpNetClassifier(**net_kw(optimizer=torch.optim.SGD, optimizer__momentum=0.9), **BF16).fit(X, y)
+    assert kernel(net) == {"fused": True, "foreach": None}
+    before = optimizer_state(net)
+    with pytest.warns(AmpWarning, match="float16 training without loss scaling"):
+        net.set_params(**FP16_PURE)
+    assert net.module_.hidden.weight.dtype == torch.float16
+    assert kernel(net) == {"fused": None, "foreach": True}
+    assert_same_state(net, before)  # the momentum buffers, now in float16
+    weight = net.module_.hidden.weight.detach().clone()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", AmpWarning)
+        net.partial_fit(X[:32], y[:32])
+    assert not torch.equal(net.module_.hidden.weight, weight)
+    net.set_params(amp_dtype="bfloat16", amp_level="mixed", amp_master_weights=True, grad_scaler__enabled=True)
+    assert net.module_.hidden.weight.dtype == torch.float32
+    assert kernel(net) == {"fused": True, "foreach": None}
+    net.partial_fit(X[:32], y[:32])
+
+
+def test_a_fused_kernel_the_user_set_is_still_refused_for_float16_weights(torch_2_13, classifier_data):
+    X, y = classifier_data
+    net = AmpNetClassifier(**net_kw(optimizer=torch.optim.SGD, optimizer__momentum=0.9, optimizer__fused=True),
+                           **BF16).fit(X, y)
+    weight, state = net.module_.hidden.weight, optimizer_state(net)
+    params = net.get_params(deep=False)
+    with pytest.raises(ValueError, match=r"SGD\(fused=True\) does not update float16 .*#191763.*optimizer__fused=False"):
+        net.set_params(**FP16_PURE)
+    assert net.get_params(deep=False) == params and net.precision_policy_.compute_dtype == torch.bfloat16
+    assert net.module_.hidden.weight is weight and weight.dtype == torch.float32
+    assert kernel(net) == {"fused": True, "foreach": None}
+    assert_same_state(net, state)
+
+
+@pytest.mark.parametrize("explicit", [{}, dict(optimizer__fused=True), dict(optimizer__fused=False),
+                                      dict(optimizer__foreach=True)])
+def test_amp_off_trains_with_skorchs_kernel_and_back_on_with_ampnets(classifier_data, explicit):
+    """Issue 20: AMP off trains as skorch does. A fitted AMP net turned off
+    ends with the kernel an AMP-off net gets (a user's setting is kept);
+    turned on again, ampnet's kernel is back. The optimizer's state (step,
+    moments) is carried over each time and training goes on."""
+    X, y = classifier_data
+    kw = net_kw(optimizer=torch.optim.Adam, batch_size=32, **explicit)
+    skorchs = kernel(AmpNetClassifier(**kw).initialize())
+    ampnets = kernel(AmpNetClassifier(**kw, **BF16).initialize())
+    assert ampnets == ({"fused": True, "foreach": None} if not explicit else skorchs)
+    net = AmpNetClassifier(**kw, **BF16).fit(X, y)
+    assert kernel(net) == ampnets
+    before = optimizer_state(net)
+    assert {float(s["step"]) for s in before} == {4.0}
+    net.set_params(amp_enabled=False)
+    assert not net.precision_policy_.enabled and kernel(net) == skorchs
+    assert_same_state(net, before)
+    net.partial_fit(X, y)
+    assert {float(s["step"]) for s in net.optimizer_.state.values()} == {8.0}
+    before = optimizer_state(net)
+    net.set_params(amp_enabled=True)
+    assert net.precision_policy_.enabled and kernel(net) == ampnets
+    assert_same_state(net, before)
+    net.partial_fit(X, y)
+    assert {float(s["step"]) for s in net.optimizer_.state.values()} == {12.0}
+
+
+# ---- the probe's answer is remembered -----------------------------------------------------------
+
+
+@pytest.fixture
+def probes(monkeypatch):
+    """Count the probes of fused_works (its memo starts empty)."""
+    import ampnet.precision.kernels as kernels
+
+    calls = []
+    real = kernels._probe
+
+    def counting(cls, settings, kinds):
+        calls.append((cls, dict(settings), tuple(kinds)))
+        return real(cls, settings, kinds)
+
+    kernels._remembered_probe.cache_clear()
+    monkeypatch.setattr(kernels, "_probe", counting)
+    yield calls
+    kernels._remembered_probe.cache_clear()
+
+
+def test_the_probe_runs_once_for_nets_with_the_same_settings(probes):
+    kw = dict(optimizer=torch.optim.SGD, optimizer__momentum=0.9, **BF16)
+    first = AmpNetClassifier(Logits, **kw).initialize()
+    second = AmpNetClassifier(Logits, **kw, lr=0.5).initialize()  # lr plays no part
+    assert kernel(first) == kernel(second) == {"fused": True, "foreach": None}
+    assert probes == [(torch.optim.SGD, {"momentum": 0.9}, ((CPU, torch.float32),))]
+    # other hyper-parameters, optimizer or parameter dtype: probed again
+    AmpNetClassifier(Logits, **{**kw, "optimizer__momentum": 0.5}).initialize()
+    AmpNetClassifier(Logits, optimizer=torch.optim.Adam, **BF16).initialize()
+    AmpNetClassifier(Logits, **kw, amp_level="pure", amp_master_weights=False).initialize()
+    assert probes[1:] == [(torch.optim.SGD, {"momentum": 0.5}, ((CPU, torch.float32),)),
+                          (torch.optim.Adam, {}, ((CPU, torch.float32),)),
+                          (torch.optim.SGD, {"momentum": 0.9}, ((CPU, torch.bfloat16),))]
+    AmpNetClassifier(Logits, **kw).initialize()
+    assert len(probes) == 4
+
+
+def test_unhashable_or_tensor_hyper_parameters_are_probed_every_time(probes):
+    for _ in range(2):
+        assert fused_works(torch.optim.Adam, {"betas": [0.9, 0.99]}, [(CPU, torch.float32)])
+        assert fused_works(torch.optim.Adam, {"weight_decay": torch.tensor(0.01)}, [(CPU, torch.float32)])
+    assert len(probes) == 4
+    for _ in range(2):
+        assert fused_works(torch.optim.Adam, {"betas": (0.9, 0.99)}, [(CPU, torch.float32)])
+    assert len(probes) == 5

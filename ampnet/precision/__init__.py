@@ -20,7 +20,7 @@ from ampnet.precision.checks import grads_by_device_dtype
 from ampnet.precision.component import Precision, build_scaler, module_root
 from ampnet.precision.devices import check_device
 from ampnet.precision.inputs import autocast_dtype_error
-from ampnet.precision.kernels import keep_kernels, kernel_defaults
+from ampnet.precision.kernels import ampnet_kernels, keep_kernels, kernel_defaults, kernels_differ
 from ampnet.precision.masters import remove_state_hooks
 from ampnet.precision.memory import MemoryReport, measure_memory
 from ampnet.precision.no_effect import is_default, warn_ineffective_settings
@@ -54,6 +54,7 @@ __all__ = [
     "PRECISION_PARAMS",
     "Precision",
     "add_saved_choice",
+    "ampnet_kernels",
     "autocast_dtype_error",
     "autotune_settings",
     "build_report",
@@ -70,6 +71,7 @@ __all__ = [
     "is_default",
     "keep_kernels",
     "kernel_defaults",
+    "kernels_differ",
     "module_root",
     "plan_saved_choice",
     "read_saved_choice",

@@ -642,6 +642,7 @@ def plan_saved_choice(net: Any, state: Any, source: str) -> Any:
     cannot use the saved choice; None when there is nothing to do."""
     from ampnet.io.rollback import Step
     from ampnet.precision.component import Precision, module_root
+    from ampnet.precision.kernels import ampnet_kernels
     from ampnet.precision.settings import read_settings
 
     if not is_auto(getattr(net, "amp_enabled", False)):
@@ -664,7 +665,8 @@ def plan_saved_choice(net: Any, state: Any, source: str) -> Any:
     try:
         settings = read_settings({**net.precision_params(), **saved})
         Precision(settings, net.precision_.scaler).check_optimizers(
-            [(n, o) for n in net._optimizers if isinstance(o := net.__dict__.get(n + "_"), torch.optim.Optimizer)])
+            [(n, o) for n in net._optimizers if isinstance(o := net.__dict__.get(n + "_"), torch.optim.Optimizer)],
+            ampnet_kernels(net))  # adopting the choice rebuilds them with the kernel for it
     except (ValueError, TypeError) as exc:
         return Step(source, lambda: None, nothing, (
             f"{source} holds the choice of amp_enabled='auto' {label(saved)}, which this net "

@@ -17,7 +17,7 @@ one host read of a step), ``step_context`` (fused optimizers),
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any, Iterator, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Collection, Iterator, NamedTuple, Sequence
 
 import torch
 from skorch.utils import to_tensor
@@ -266,16 +266,21 @@ class Precision:
             name = name[:-1] + f", {mode})"
         return measure_memory(module_root(module) if module is not None else None, self.masters, optimizers, name)
 
-    def check_optimizers(self, optimizers: Sequence[tuple[str, torch.optim.Optimizer]]) -> None:
+    def check_optimizers(
+        self, optimizers: Sequence[tuple[str, torch.optim.Optimizer]], rederived: Collection[str] = ()
+    ) -> None:
         """Refuse ``(name, optimizer)`` pairs that these settings cannot
         step (``'compensated'``: see :func:`ampnet.precision.compensated.check_optimizer`;
         a fused SGD that skips low-precision updates:
-        :func:`ampnet.precision.compensated.check_fused_sgd`)."""
+        :func:`ampnet.precision.compensated.check_fused_sgd`). The kernel of
+        the optimizers named in ``rederived`` is not checked: ampnet chose it,
+        and chooses it again for the new layout when it rebuilds them
+        (:func:`ampnet.precision.kernels.ampnet_kernels`)."""
         low = self.enabled and self.policy.level == "pure" and not self.settings.master_weights
         for name, optimizer in optimizers:
             if self.settings.compensated:
                 comp.check_optimizer(optimizer, name, self.policy.compute_dtype)
-            if low:  # the optimizer steps low-precision parameters
+            if low and name not in rederived:  # the optimizer steps low-precision parameters
                 comp.check_fused_sgd(optimizer, name, self.policy.compute_dtype)
 
     def drop_masters(self, module: torch.nn.Module) -> None:

@@ -21,17 +21,30 @@ the device (``found_inf``), so skipped steps work as with the other kernels.
 The kernel is an implementation detail of the net, not of its state: loading
 an optimizer state (:func:`keep_kernels`) keeps the loading optimizer's
 ``fused``/``foreach`` settings rather than the file's.
+
+A kernel that ampnet chose follows the net's precision: when a fitted net
+changes its precision layout (``set_params(amp_dtype=..., amp_level=...)``,
+``amp_enabled``), an optimizer whose kernel ampnet chose
+(:func:`ampnet_kernels`) is rebuilt with the kernel chosen for the new
+parameters (:func:`kernels_differ`), its state carried over: fused where it
+works for them, else foreach, and skorch's kernel with AMP off. Only a kernel
+the user set is checked against (and may be refused by) the new settings.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
+import numbers
 import warnings
 from typing import Any, Iterable, Mapping
 
 import torch
 
-__all__ = ["FUSED_OPTIMIZERS", "KERNEL_KEYS", "kernel_defaults", "fused_works", "keep_kernels"]
+__all__ = [
+    "FUSED_OPTIMIZERS", "KERNEL_KEYS", "ampnet_kernels", "kernel_defaults", "kernels_differ", "fused_works",
+    "keep_kernels", "user_chose_kernel",
+]
 
 #: torch.optim classes with a fused kernel on the CPU and CUDA.
 FUSED_OPTIMIZERS: tuple[type, ...] = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD, torch.optim.Adagrad)
@@ -59,8 +72,43 @@ def fused_works(cls: type, kwargs: Mapping[str, Any], kinds: Iterable[tuple[torc
     visible in 16-bit floats, compared with the single-tensor kernel in
     float32 (within 5% of the update). A kernel that torch refuses for that
     device or dtype does not work.
+
+    The answer depends on nothing else, so it is remembered for the last
+    :data:`_MEMO_SIZE` (class, hyper-parameters, kinds, torch version): the
+    nets of a grid search probe once. Hyper-parameters other than numbers,
+    strings, booleans, None and tuples of these (a tensor, say) are probed
+    every time.
     """
     settings = {k: v for k, v in kwargs.items() if k not in ("lr", *KERNEL_KEYS)}
+    kinds = tuple(kinds)
+    key = tuple(sorted(settings.items()))
+    if not _by_value(key):
+        return _probe(cls, settings, kinds)
+    try:
+        return _remembered_probe(cls, key, kinds, torch.__version__)
+    except TypeError:  # an unhashable class or kind
+        return _probe(cls, settings, kinds)
+
+
+_MEMO_SIZE = 64
+
+
+def _by_value(value: Any) -> bool:
+    """Whether ``value`` is made of numbers, strings, booleans, None and
+    tuples of these, which hash and compare by value."""
+    if value is None or isinstance(value, (numbers.Number, str)):
+        return True
+    return isinstance(value, tuple) and all(_by_value(v) for v in value)
+
+
+@functools.lru_cache(maxsize=_MEMO_SIZE)
+def _remembered_probe(cls: type, settings: tuple, kinds: tuple, version: str) -> bool:
+    """:func:`_probe`, remembered (``version``, torch's, is part of the key)."""
+    return _probe(cls, dict(settings), kinds)
+
+
+def _probe(cls: type, settings: Mapping[str, Any], kinds: Iterable[tuple[torch.device, torch.dtype]]) -> bool:
+    """The probe of :func:`fused_works`, every time."""
     for device, dtype in kinds:
         if not dtype.is_floating_point:
             return False
@@ -89,7 +137,7 @@ def kernel_defaults(cls: Any, kwargs: Mapping[str, Any], params: Iterable[torch.
     ``kwargs`` for ``params``: ``{'fused': True}``, ``{'foreach': True}``
     or nothing (the user chose, ``differentiable=True``, an optimizer outside
     ``torch.optim``, or one without either kernel)."""
-    if any(key in kwargs for key in KERNEL_KEYS) or kwargs.get("differentiable"):
+    if user_chose_kernel(kwargs) or kwargs.get("differentiable"):
         return {}
     if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)
             and cls.__module__.startswith("torch.optim")):
@@ -105,6 +153,29 @@ def kernel_defaults(cls: Any, kwargs: Mapping[str, Any], params: Iterable[torch.
     if "foreach" in accepted:
         return {"foreach": True}
     return {}
+
+
+def user_chose_kernel(kwargs: Mapping[str, Any]) -> bool:
+    """Whether the user's optimizer arguments ``kwargs`` (``optimizer__*``)
+    choose the kernel (set ``fused`` or ``foreach``, to any value)."""
+    return any(key in kwargs for key in KERNEL_KEYS)
+
+
+def ampnet_kernels(net: Any) -> frozenset[str]:
+    """The names of ``net``'s optimizers (``'optimizer'``, ...) whose kernel
+    ampnet chooses: those the user set neither ``fused`` nor ``foreach`` for.
+    A precision change rebuilds them with the kernel for the new layout, so
+    their current kernel is not checked against the new settings."""
+    return frozenset(n for n in net._optimizers if not user_chose_kernel(net.get_params_for(n)))
+
+
+def kernels_differ(optimizer: Any, kwargs: Mapping[str, Any]) -> bool:
+    """Whether ``optimizer`` was built with another kernel than ``kwargs``
+    (the arguments a rebuild would pass) asks for."""
+    defaults = getattr(optimizer, "defaults", None)
+    if not isinstance(defaults, Mapping):
+        return False
+    return any(bool(defaults.get(key)) != bool(kwargs.get(key)) for key in KERNEL_KEYS)
 
 
 def keep_kernels(optimizer: torch.optim.Optimizer, state: Mapping[str, Any]) -> Mapping[str, Any]:
