@@ -658,7 +658,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         state = self.__dict__.get("amp_step_state_")
         if training and state is not None and state.check_loss_inputs:
             state.check_loss_inputs = False
-            check_loss_inputs(self, y_pred, y_true)
+            state.not_probabilities = check_loss_inputs(self, y_pred, y_true)
         with self.precision_.forward_context():
             loss = super().get_loss(y_pred, y_true, X=X, training=training)
         if not (isinstance(loss, torch.Tensor) and loss.is_floating_point()):
@@ -679,6 +679,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         state = self.amp_step_state_
         state.micro_batches = 0
         state.check_loss_inputs = True
+        state.not_probabilities = False
         state.scale = None
         state.recorder = None  # an AmpMonitor among the callbacks attaches one
         steps.current_scale(self)  # before the first scale(): no read

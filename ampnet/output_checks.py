@@ -60,16 +60,16 @@ def _check_target(net: Any, criterion: Any, y_pred: torch.Tensor, y_true: Any) -
     )
 
 
-def _check_probabilities(net: Any, y_pred: torch.Tensor) -> None:
+def _check_probabilities(net: Any, y_pred: torch.Tensor) -> bool:
     if y_pred.dim() < 2 or not y_pred.is_floating_point() or y_pred.shape[1] < 2:
-        return
+        return False
     pred = y_pred.detach()
     sums = pred.sum(dim=1)
     finite = torch.isfinite(sums)  # non-finite outputs are the step's guard's business
     negative = pred.amin(dim=1) < 0
     off = (sums - 1).abs() > PROBABILITY_TOLERANCE
     if not bool(((negative | off) & finite).any()):  # the one host read
-        return
+        return False
     rows = pred.movedim(1, -1)[finite]
     sums = sums[finite]
     amp_warn(
@@ -82,9 +82,10 @@ def _check_probabilities(net: Any, y_pred: torch.Tensor) -> None:
         "for a module that returns logits (predict_proba then applies the softmax), or end "
         "the module's forward with torch.softmax(..., dim=-1)."
     )
+    return True
 
 
-def check_loss_inputs(net: Any, y_pred: Any, y_true: Any) -> None:
+def check_loss_inputs(net: Any, y_pred: Any, y_true: Any) -> bool:
     """Warn about, or refuse, the mistakes described in this module.
 
     Parameters
@@ -97,11 +98,19 @@ def check_loss_inputs(net: Any, y_pred: Any, y_true: Any) -> None:
 
     y_true : torch.Tensor or None
       The targets of the batch.
+
+    Returns
+    -------
+    not_probabilities : bool
+      True when it warned that the outputs are not probabilities under
+      ``NLLLoss`` (the net keeps it for the diagnosis of a non-finite loss
+      at the end of the fit, :func:`ampnet.flight.nonfinite_loss_message`).
     """
     criterion = getattr(net, "criterion_", None)
     criterion = getattr(criterion, "_orig_mod", criterion)
     if not (isinstance(criterion, _CLASS_INDEX_LOSSES) and isinstance(y_pred, torch.Tensor)):
-        return
+        return False
     _check_target(net, criterion, y_pred, y_true)
     if isinstance(net, NeuralNetClassifier) and isinstance(criterion, torch.nn.NLLLoss):
-        _check_probabilities(net, y_pred)
+        return _check_probabilities(net, y_pred)
+    return False
