@@ -138,9 +138,14 @@ def _verdict(net: Any, device: str) -> str:
     base = result.table[0]["step_time_s"]
     if result.params["amp_enabled"]:
         chosen = next(r for r in result.table if r["chosen"])
-        gain = 1 - chosen["step_time_s"] / base if base else 0.0
+        gain = chosen.get("gain")
+        if gain is None:
+            gain = 1 - chosen["step_time_s"] / base if base else 0.0
         return (f"AMP pays off on this machine: {result.chosen} ran {gain:.0%} faster per step "
                 "than float32 in the probe, so amp_enabled='auto' trains with it.")
+    if result.table[0].get("noisy"):
+        return ("The probe's timings were too noisy to tell whether AMP pays off on this machine now "
+                "(is it busy?), so amp_enabled='auto' trains in float32; run it on a quiet machine.")
     reason = ""
     if torch.device(device).type == "cpu" and not cpu_has_native_bf16():
         reason = (" This CPU has no native bfloat16 (AVX512-BF16 or AMX): bfloat16 is emulated, "

@@ -122,15 +122,98 @@ def test_float32_wins_when_amp_is_not_faster_by_the_margin(data):
     assert "within the 5% noise margin" in net.amp_autotune_.table[1]["reason"]
 
 
+class NoisyTimer:
+    """Injected timings that vary from call to call: ``seqs`` gives each
+    candidate's successive step times (cycled); ``load(n)`` scales the n-th
+    call's, as a machine whose load changes during the probe."""
+
+    def __init__(self, fp32, mixed, pure=(9.0,), load=None):
+        self.seqs = {"fp32": list(fp32), "mixed": list(mixed), "pure": list(pure)}
+        self.load = load or (lambda n: 1.0)
+        self.calls = []
+
+    def __call__(self, params, step):
+        step()
+        key = "fp32" if not params["amp_enabled"] else params["amp_level"]
+        i = sum(1 for c in self.calls if c == key)
+        self.calls.append(key)
+        return self.seqs[key][i % len(self.seqs[key])] * self.load(len(self.calls) - 1)
+
+
+# float32 steady at 1.0; mixed noisy around it: the median alone is 8% or 3% faster,
+# depending only on the order of the same kind of noise
+NOISE_A = [0.70, 1.25, 0.92, 1.20, 0.80]
+NOISE_B = [0.70, 1.25, 0.97, 1.20, 0.80]
+
+
+def test_noise_that_flips_the_median_rule_keeps_float32(data):
+    import statistics
+
+    # the rule before interleaved rounds (median times, a 5% margin) flips between the two
+    assert choose([row(1.0, amp=False), row(statistics.median(NOISE_A))], 0.05) == 1
+    assert choose([row(1.0, amp=False), row(statistics.median(NOISE_B))], 0.05) == 0
+    for noise in (NOISE_A, NOISE_B):
+        net = fit(data, amp_autotune__timer=NoisyTimer(fp32=[1.0], mixed=noise))
+        assert net.amp_autotune_.params == FLOAT32
+    # A: 8% faster, but the ratios' interquartile range is 0.40: too noisy to decide
+    net = fit(data, amp_autotune__timer=NoisyTimer(fp32=[1.0], mixed=NOISE_A))
+    mixed = net.amp_autotune_.table[1]
+    assert mixed["gain"] == pytest.approx(0.08) and mixed["spread"] == pytest.approx(0.40)
+    assert mixed["reason"] == ("8.0% faster than float32, but its timings spread by 40.0% across the rounds: "
+                               "too noisy to decide, float32 kept")
+    assert net.amp_autotune_.table[0]["noisy"] is True
+    text = str(net.amp_autotune_)
+    assert "too noisy to decide" in text and "The timings were too noisy to decide" in text
+    assert "-8.0% \u00b120.0%" in text  # the gain and half the spread, per candidate
+
+
+def test_a_clear_win_in_noisy_timings_still_picks_amp(data):
+    # the machine's load moves both alike, round by round: ratios 0.52, 0.48, 0.52, 0.53, 0.5
+    net = fit(data, amp_autotune__timer=NoisyTimer(fp32=[1.0, 1.3, 0.9, 1.1, 1.0],
+                                                   mixed=[0.52, 0.62, 0.47, 0.58, 0.5]))
+    assert net.amp_autotune_.params == BF16_MIXED
+    row_ = net.amp_autotune_.table[1]
+    assert row_["gain"] > 0.4 and row_["spread"] < 0.1
+    assert net.amp_autotune_.table[0]["noisy"] is False
+    assert "too noisy" not in str(net.amp_autotune_)
+
+
+def test_interleaved_rounds_cancel_a_change_of_load(data):
+    """The machine slows down during the probe (10% per step): measured one
+    candidate after the other, float32 (first) looks faster than mixed (20%
+    faster in truth); measured in rounds, the pairs see the same load."""
+    import statistics
+
+    load = lambda n: 1 + 0.1 * n  # noqa: E731
+    sequential_fp32 = statistics.median(1.0 * load(n) for n in range(5))
+    sequential_mixed = statistics.median(0.8 * load(n) for n in range(5, 10))
+    assert choose([row(sequential_fp32, amp=False), row(sequential_mixed)], 0.05) == 0  # one after the other
+    timer = NoisyTimer(fp32=[1.0], mixed=[0.8], load=load)
+    net = fit(data, amp_autotune__timer=timer)
+    assert timer.calls[:6] == ["fp32", "mixed", "pure", "fp32", "mixed", "pure"]
+    assert net.amp_autotune_.params == BF16_MIXED
+    # round k: 0.8 x load(3k + 1) / load(3k); the median ratio is round 2's, 0.8 x 1.7 / 1.6
+    assert net.amp_autotune_.table[1]["gain"] == pytest.approx(1 - 0.8 * 1.7 / 1.6)
+
+
+def test_one_slow_round_does_not_rule_a_candidate_out(data):
+    """Twice float32's time in the first round only (a busy moment): timed on."""
+    timer = NoisyTimer(fp32=[1.0], mixed=[2.0, 0.5, 0.5, 0.5, 0.5])
+    net = fit(data, amp_autotune__timer=timer)
+    assert timer.calls.count("mixed") == 5 and timer.calls.count("pure") == 2  # pure: 9x, twice
+    assert net.amp_autotune_.params == BF16_MIXED
+
+
 def test_the_settings_of_the_probe(data):
     timer = Timer(fp32=1.0, mixed=0.97, pure=2.0)
-    net = fit(data, amp_autotune__timer=timer, amp_autotune__steps=2, amp_autotune__warmup=1,
+    net = fit(data, amp_autotune__timer=timer, amp_autotune__steps=3, amp_autotune__warmup=1,
               amp_autotune__margin=0.01)
     assert net.amp_autotune_.params == BF16_MIXED
-    # 2 timed steps each, but the pure candidate (2x slower than float32) stops after one
+    # 3 interleaved rounds, but the pure candidate (2x slower than float32) stops after two
     assert [c["amp_level"] if c["amp_enabled"] else "fp32" for c in timer.calls] == [
-        "fp32", "fp32", "mixed", "mixed", "pure"]
-    assert (net.amp_autotune_.steps, net.amp_autotune_.warmup, net.amp_autotune_.margin) == (2, 1, 0.01)
+        "fp32", "mixed", "pure", "fp32", "mixed", "pure", "fp32", "mixed"]
+    assert [r["steps"] for r in net.amp_autotune_.table] == [4, 4, 3]
+    assert (net.amp_autotune_.steps, net.amp_autotune_.warmup, net.amp_autotune_.margin) == (3, 1, 0.01)
 
 
 def test_verbose_prints_the_table_once(data, capsys):
@@ -435,3 +518,14 @@ def test_the_probe_leaves_callbacks_and_history_alone(data):
     assert len(net.amp_autotune_.table) == 3  # 3 candidates x 6 probe steps ran on copies
     assert (count.begins, count.grads) == (1, 2 * 4)  # only the real steps: 2 epochs x 4 batches
     assert len(net.history) == 2 and [len(row["batches"]) for row in net.history] == [4, 4]
+
+
+def test_the_demo_says_when_the_probe_was_too_noisy(data):
+    from types import SimpleNamespace
+
+    from ampnet.__main__ import _verdict
+
+    noisy = fit(data, amp_autotune__timer=NoisyTimer(fp32=[1.0], mixed=NOISE_A)).amp_autotune_
+    assert "too noisy to tell whether AMP pays off" in _verdict(SimpleNamespace(amp_autotune_=noisy), "cpu")
+    clear = fit(data, amp_autotune__timer=NoisyTimer(fp32=[1.0], mixed=[0.6])).amp_autotune_
+    assert "ran 40% faster per step" in _verdict(SimpleNamespace(amp_autotune_=clear), "cpu")

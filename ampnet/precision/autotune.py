@@ -30,18 +30,29 @@ case: it is what AMP must beat.
 
 Measurement and choice
 ----------------------
-Each candidate trains ``warmup`` steps (default 1) and then ``steps`` timed
-steps (default 5) on the first training batch (the first ``batch_size``
-rows of the training split, not shuffled), through the net's own training
-step (:func:`ampnet.step.train_step`: the non-finite guard, the loss scaler,
-the optimizer's kernel), without callbacks. Its time is the median of the
-timed steps. A candidate is healthy when its loss and gradients are finite
-and the gradients of its first step (from the same initial weights and batch
-as float32's first step) have a cosine similarity of at least ``min_cosine``
-(default 0.98) with float32's. The fastest healthy candidate wins, but a
-candidate other than float32 only when it is faster than float32 by more
-than ``margin`` (default 0.05: 5%, the run-to-run noise of a few timed
-steps); otherwise the net trains in float32.
+Each candidate trains ``warmup`` steps (default 1) on the first training
+batch (the first ``batch_size`` rows of the training split, not shuffled),
+through the net's own training step (:func:`ampnet.step.train_step`: the
+non-finite guard, the loss scaler, the optimizer's kernel), without
+callbacks. Then the candidates are timed in ``steps`` interleaved rounds
+(default 5): float32, mixed, pure, float32, mixed, pure, ... one step each
+per round, so that a change of the machine's load (another process, a
+frequency change) hits every candidate alike instead of the ones measured
+last. A candidate's ``step_time_s`` is the median of its timed steps; its
+``gain`` over float32 is 1 minus the median of its per-round time ratios to
+float32's, and its ``spread`` the interquartile range of those ratios (the
+measurement's noise, as seen in this probe; 0 with a single round).
+
+A candidate is healthy when its loss and gradients are finite and the
+gradients of its first step (from the same initial weights and batch as
+float32's first step) have a cosine similarity of at least ``min_cosine``
+(default 0.98) with float32's. A healthy AMP candidate qualifies when its
+gain exceeds both ``margin`` (default 0.05: 5%) and its ``spread``; the
+qualifying candidate with the largest gain wins, and the net trains in
+float32 when none qualifies. When a candidate was faster by more than the
+margin but not by more than its spread, the timings were too noisy to
+decide: float32 is kept, and its row's ``reason`` and ``str(amp_autotune_)``
+say so (pin a choice, or probe with more ``steps``).
 
 Cost
 ----
@@ -49,14 +60,15 @@ At most ``(number of candidates) x (warmup + steps)`` training steps, plus
 up to 8 extra warm-up steps for a float16 candidate whose loss scale is
 still settling: with the defaults 3 candidates x 6 = 18 steps for a model
 without 4-D parameters, 5 x 6 = 30 for a convolutional one. A candidate
-whose median step time so far is 1.5x float32's or more stops after that
-timed step (it cannot win): where AMP does not pay off, the probe costs
-about 6 + 2 per AMP candidate steps (10 for an MLP). The table's ``steps``
-column says how many steps each candidate ran. One copy of
-the module and the optimizers exists at a time besides the net's own (the
-memory of one more model and optimizer state), plus float32's first
-gradients (one float32 value per parameter) for the health check. The probe's wall time is
-``amp_autotune_.probe_s``.
+whose timed steps were more than 1.5x float32's in every round of the
+first two or more stops being timed (it cannot win): where AMP is clearly
+slower, the probe costs 6 + 3 steps per AMP candidate (12 for an MLP). The
+table's ``steps`` column says how many steps each candidate ran. One copy
+of the module and the optimizers per measured candidate exists during the
+probe besides the net's own (3 for an MLP, 5 for a convolutional model:
+the rounds need them all at once), plus float32's first gradients (one
+float32 value per parameter) for the health check; they are freed when
+the probe ends. The probe's wall time is ``amp_autotune_.probe_s``.
 
 Settings (``amp_autotune__<name>``)
 -----------------------------------
@@ -108,6 +120,7 @@ __all__ = [
     "effective_params",
     "candidate_params",
     "choose",
+    "spread",
     "run_probe",
     "read_saved_choice",
     "add_saved_choice",
@@ -125,9 +138,14 @@ AUTOTUNE_DEFAULTS: dict[str, Any] = {"steps": 5, "warmup": 1, "margin": 0.05, "m
 
 _EXTRA_WARMUP = 8  # steps a float16 candidate may take to reach finite gradients
 
-#: A candidate whose timed steps are this many times slower than float32's
-#: (median so far) stops being timed: it cannot win.
+#: A candidate whose timed steps were more than this many times slower than
+#: float32's in each of the first :data:`MIN_ROUNDS` rounds or more stops
+#: being timed: it cannot win.
 SLOWER = 1.5
+
+#: Rounds a candidate is always timed in before it may stop (one slow round
+#: on a loaded machine does not rule it out).
+MIN_ROUNDS = 2
 
 AMP_ENABLED_CHOICES = (True, False, "auto")
 
@@ -249,8 +267,12 @@ class AutotuneResult:
       ``step_time_s`` (median seconds per step; None if not measured),
       ``healthy`` (None if not measured), ``grad_cosine`` (with float32's
       gradients), ``steps`` (training steps run, warm-up included),
-      ``chosen`` and ``reason`` (why it is unhealthy, not
-      measured or not chosen; None for the chosen one).
+      ``gain`` and ``spread`` (an AMP candidate's gain over float32 and
+      the noise of that measurement, fractions; None if not measured or
+      for float32), ``chosen`` and ``reason`` (why it is unhealthy, not
+      measured or not chosen, e.g. too noisy to decide; None for the
+      chosen one). The float32 row's ``noisy`` is True when float32 was
+      kept because the timings were too noisy to decide.
 
     device : str
       The device measured on.
@@ -287,13 +309,15 @@ class AutotuneResult:
         head = f"amp_enabled='auto' on {self.device}: chose {self.chosen}"
         if self.source != "probe" or not self.table:
             return head + " (a saved choice; no probe ran)"
-        header = ("candidate", "step ms", "steps", "healthy", "grad cos", "note")
+        header = ("candidate", "step ms", "vs float32", "steps", "healthy", "grad cos", "note")
         rows = []
         for row in self.table:
             time_s, healthy, cos = row.get("step_time_s"), row.get("healthy"), row.get("grad_cosine")
+            gain, noise = row.get("gain"), row.get("spread")
             rows.append((
                 label(row["params"]),
                 "-" if time_s is None else f"{time_s * 1000:.2f}",
+                "-" if gain is None else f"{-gain:+.1%} \u00b1{(noise or 0) / 2:.1%}",
                 str(row.get("steps") or "-"),
                 "-" if healthy is None else ("yes" if healthy else "no"),
                 "-" if cos is None else f"{cos:.4f}",
@@ -307,11 +331,15 @@ class AutotuneResult:
         total = sum(r.get("steps") or 0 for r in self.table)
         lines.append(
             f"probe: {total} training steps of {measured} candidates ({self.warmup} warm-up + up to "
-            f"{self.steps} timed each) on the first training batch, {self.probe_s:.2f} s; AMP is "
-            "chosen only when faster than "
-            f"float32 by more than {self.margin:.0%}, with gradients agreeing with float32's "
-            f"(cosine >= {self.min_cosine:g})."
+            f"{self.steps} timed each) on the first training batch, timed in interleaved rounds, "
+            f"{self.probe_s:.2f} s; AMP is chosen only when faster than float32 by more than "
+            f"{self.margin:.0%} and by more than the spread of its timings across the rounds, with "
+            f"gradients agreeing with float32's (cosine >= {self.min_cosine:g})."
         )
+        if self.table[0].get("noisy"):
+            lines.append(
+                "The timings were too noisy to decide (the machine is busy?): float32 was kept. Fix: "
+                "pin a choice (amp_enabled=True or False), or probe longer (amp_autotune__steps).")
         return "\n".join(lines)
 
 
@@ -403,20 +431,45 @@ def choose(table: list[dict[str, Any]], margin: float) -> int:
     the float32 baseline first); set each row's ``chosen`` and, for those
     not chosen, a ``reason``. Returns the chosen row's index.
 
-    The fastest healthy row wins; a row other than the baseline only when
-    its ``step_time_s`` is below the baseline's by more than ``margin``
-    (a fraction); the baseline wins otherwise.
+    A row's gain over float32 is its ``gain`` (1 minus the median of its
+    per-round time ratios to float32's), or, without one, ``1 -
+    step_time_s / float32's``. A row other than the baseline qualifies when
+    it is healthy and its gain exceeds both ``margin`` (a fraction) and its
+    ``spread`` (the timings' noise; 0 when absent). The qualifying row with
+    the largest gain wins; the baseline wins when none qualifies (its
+    ``noisy`` is then True when a row was faster by more than ``margin`` but
+    not by more than its spread: too noisy to decide).
     """
     base = table[0]
-    healthy = [i for i, row in enumerate(table) if row.get("healthy") and row.get("step_time_s") is not None]
-    best = min(healthy, key=lambda i: (table[i]["step_time_s"], i)) if healthy else 0
     base_time = base.get("step_time_s")
-    if best != 0 and base.get("healthy") and base_time is not None:
-        gain = 1 - table[best]["step_time_s"] / base_time if base_time > 0 else 0.0
-        if gain <= margin:
-            table[best]["reason"] = (
-                f"{gain:.1%} faster than float32, within the {margin:.0%} noise margin: not worth it")
-            best = 0
+
+    def gain_of(row: dict[str, Any]) -> float | None:
+        if row.get("gain") is not None:
+            return float(row["gain"])
+        if row.get("step_time_s") is None or not base_time or base_time <= 0:
+            return None
+        return 1 - row["step_time_s"] / base_time
+
+    best, best_gain, noisy = 0, None, False
+    if base.get("healthy") and base_time is not None:
+        for i, row in enumerate(table[1:], start=1):
+            gain = gain_of(row)
+            if not row.get("healthy") or row.get("step_time_s") is None or gain is None:
+                continue
+            noise = float(row.get("spread") or 0.0)
+            if gain <= margin:
+                row["reason"] = (f"{gain:.1%} faster than float32, within the {margin:.0%} noise margin: "
+                                 "not worth it") if gain > 0 else None
+            elif gain <= noise:
+                noisy = True
+                row["reason"] = (f"{gain:.1%} faster than float32, but its timings spread by {noise:.1%} "
+                                 "across the rounds: too noisy to decide, float32 kept")
+            elif best_gain is None or gain > best_gain:
+                best, best_gain = i, gain
+    elif not base.get("healthy"):
+        healthy = [i for i, row in enumerate(table) if row.get("healthy") and row.get("step_time_s") is not None]
+        best = min(healthy, key=lambda i: (table[i]["step_time_s"], i)) if healthy else 0
+    base["noisy"] = noisy and best == 0
     for i, row in enumerate(table):
         row["chosen"] = i == best
         if i == best:
@@ -500,44 +553,67 @@ def _first_batch(net: Any, X: Any, y: Any, **fit_params: Any) -> Any:
         ) from None
 
 
-def _measure(net: Any, params: dict[str, Any], batch: Any, settings: dict[str, Any],
-             timer: Callable[[dict, Callable[[], Any]], float],
-             limit: float | None = None) -> tuple[float, bool, str | None, _GradCapture, int]:
-    """Train a copy of ``net`` with ``params`` on ``batch``: (median step
-    seconds, finite, reason if not, the gradient capture). Timing stops
-    early once the median exceeds ``limit`` seconds."""
-    try:
-        probe = net.autotune_copy(params)
-    except (ValueError, TypeError) as exc:  # settings this net cannot train with
-        raise _Refused(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
-    capture = _GradCapture()
-    probe.__dict__["callbacks_"] = [("ampnet_autotune", capture)]
-    losses: list[torch.Tensor] = []
+class _Candidate:
+    """A candidate in the probe: a copy of the net trained with ``params`` on
+    the probe's batch, its losses, timed steps and first gradients."""
 
-    probe.history.new_epoch()
+    def __init__(self, net: Any, params: dict[str, Any], batch: Any) -> None:
+        try:
+            self.probe = net.autotune_copy(params)
+        except (ValueError, TypeError) as exc:  # settings this net cannot train with
+            raise _Refused(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
+        self.params = params
+        self.batch = batch
+        self.capture = _GradCapture()
+        self.probe.__dict__["callbacks_"] = [("ampnet_autotune", self.capture)]
+        self.probe.history.new_epoch()
+        self.losses: list[torch.Tensor] = []
+        self.times: list[float] = []
+        self.rounds: list[int] = []  # the round of each timed step
 
-    def step() -> None:
-        probe.history.new_batch()
-        losses.append(probe.train_step(batch)["loss"].detach())
+    def step(self) -> None:
+        self.probe.history.new_batch()
+        self.losses.append(self.probe.train_step(self.batch)["loss"].detach())
 
-    times = []
-    warm = settings["warmup"]
-    i = 0
-    while i < warm or (capture.nonfinite and capture.grads is None and i < warm + _EXTRA_WARMUP
-                       and probe.precision_.scaling):
-        step()
-        i += 1
-    for _ in range(settings["steps"]):
-        times.append(float(timer(dict(params), step)))
-        if limit is not None and statistics.median(times) > limit:
-            break  # clearly slower than float32: no need to time it further
-    finite = bool(torch.isfinite(torch.stack([loss.float().reshape(-1)[0] for loss in losses])).all())
-    reason = None
-    if not finite:
-        reason = "unhealthy: the loss is not finite"
-    elif capture.grads is None and capture.nonfinite:
-        reason = "unhealthy: the gradients are not finite"
-    return statistics.median(times), reason is None, reason, capture, len(losses)
+    def warm_up(self, warmup: int) -> None:
+        """``warmup`` untimed steps, and up to ``_EXTRA_WARMUP`` more while a
+        loss-scaled candidate has had no finite gradients yet."""
+        i = 0
+        while i < warmup or (self.capture.nonfinite and self.capture.grads is None and i < warmup + _EXTRA_WARMUP
+                             and self.probe.precision_.scaling):
+            self.step()
+            i += 1
+
+    def time_step(self, timer: Callable[[dict, Callable[[], Any]], float], round_: int) -> None:
+        self.times.append(float(timer(dict(self.params), self.step)))
+        self.rounds.append(round_)
+
+    def health(self) -> tuple[bool, str | None]:
+        finite = bool(torch.isfinite(torch.stack([loss.float().reshape(-1)[0] for loss in self.losses])).all())
+        if not finite:
+            return False, "unhealthy: the loss is not finite"
+        if self.capture.grads is None and self.capture.nonfinite:
+            return False, "unhealthy: the gradients are not finite"
+        return True, None
+
+
+def _ratios(candidate: _Candidate, baseline: _Candidate) -> list[float]:
+    """The candidate's step time over float32's, per round both were timed in."""
+    base = dict(zip(baseline.rounds, baseline.times))
+    return [t / base[r] for r, t in zip(candidate.rounds, candidate.times) if base.get(r, 0) > 0]
+
+
+def spread(ratios: list[float]) -> float:
+    """The noise of a candidate's timings relative to float32's: the
+    interquartile range of its per-round ratios (0 with fewer than 2 rounds)."""
+    if len(ratios) < 2:
+        return 0.0
+    q1, _, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
+    return q3 - q1
+
+
+def _error_text(exc: BaseException) -> str:
+    return f"unhealthy: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
 
 def run_probe(net: Any, X: Any, y: Any = None, **fit_params: Any) -> AutotuneResult:
@@ -552,21 +628,22 @@ def run_probe(net: Any, X: Any, y: Any = None, **fit_params: Any) -> AutotuneRes
     started = time.perf_counter()
     rng = get_rng_state()
     table: list[dict[str, Any]] = []
+    live: list[tuple[dict[str, Any], _Candidate]] = []  # rows still timed, float32's first
     try:
         batch = _first_batch(net, X, y, **fit_params)
-        reference = None
+        # 1. a copy of each candidate, warmed up (float32's first)
         for params, skip in candidate_params(net):
-            row: dict[str, Any] = {"params": params, "step_time_s": None, "healthy": None,
-                                   "grad_cosine": None, "steps": 0, "reason": skip}
+            row: dict[str, Any] = {"params": params, "step_time_s": None, "healthy": None, "grad_cosine": None,
+                                   "steps": 0, "gain": None, "spread": None, "reason": skip}
             table.append(row)
             if skip:
                 continue
-            baseline = reference is None
+            baseline = not live
             try:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", AmpWarning)
-                    limit = None if baseline else table[0]["step_time_s"] * SLOWER
-                    seconds, healthy, reason, capture, ran = _measure(net, params, batch, settings, timer, limit)
+                    candidate = _Candidate(net, params, batch)
+                    candidate.warm_up(settings["warmup"])
             except _Refused as exc:
                 if baseline:
                     raise exc.__cause__ from None
@@ -575,21 +652,51 @@ def run_probe(net: Any, X: Any, y: Any = None, **fit_params: Any) -> AutotuneRes
             except Exception as exc:
                 if baseline:
                     raise
-                row.update(healthy=False, reason=f"unhealthy: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+                row.update(healthy=False, reason=_error_text(exc))
                 continue
-            row.update(step_time_s=seconds, healthy=healthy, reason=reason, steps=ran)
-            if baseline:
-                reference = capture.grads
+            live.append((row, candidate))
+        # 2. timed in interleaved rounds (float32, mixed, pure, float32, ...), so that a
+        # change of the machine's load hits every candidate alike
+        timed = list(live)
+        for round_ in range(settings["steps"]):
+            for row, candidate in list(timed):
+                try:
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore", AmpWarning)
+                        candidate.time_step(timer, round_)
+                except Exception as exc:
+                    if candidate is live[0][1]:
+                        raise
+                    row.update(healthy=False, reason=_error_text(exc))
+                    timed.remove((row, candidate))
+            if round_ + 1 >= MIN_ROUNDS:  # clearly slower than float32 in every round: it cannot win
+                timed = [(row, c) for row, c in timed
+                         if c is live[0][1] or min(_ratios(c, live[0][1]), default=0.0) <= SLOWER]
+        # 3. times, health and agreement with float32's gradients
+        baseline = live[0][1]
+        reference = baseline.capture.grads
+        for row, candidate in live:
+            if row["healthy"] is False:  # failed while timed
+                row["steps"] = len(candidate.losses)
+                continue
+            healthy, reason = candidate.health()
+            row.update(step_time_s=statistics.median(candidate.times), healthy=healthy, reason=reason,
+                       steps=len(candidate.losses))
+            if candidate is baseline:
                 row["grad_cosine"] = 1.0 if reference is not None else None
-            elif healthy and reference is not None and capture.grads is not None:
-                cos = _cosine(capture.grads, reference)
+                continue
+            ratios = _ratios(candidate, baseline)
+            if ratios:
+                row.update(gain=1 - statistics.median(ratios), spread=spread(ratios))
+            if healthy and reference is not None and candidate.capture.grads is not None:
+                cos = _cosine(candidate.capture.grads, reference)
                 row["grad_cosine"] = cos
                 if cos < settings["min_cosine"]:
                     row.update(healthy=False, reason=(
                         f"unhealthy: gradient cosine similarity with float32 {cos:.4f} < "
                         f"{settings['min_cosine']:g}"))
-            del capture
     finally:
+        live.clear()
         set_rng_state(rng)
     best = choose(table, settings["margin"])
     return AutotuneResult(
