@@ -183,7 +183,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
                 old, module = self.__dict__.get("precision_"), self.__dict__.get("module_")
                 if old is not None and isinstance(module, torch.nn.Module):
                     old.detach(module)  # float32 again: skorch may reuse the instance
-                self.__dict__["precision_"] = Precision.build(settings)
+                self.__dict__["precision_"] = Precision.build(settings, self.get_params_for("grad_scaler"))
             if "precision_" not in self.cuda_dependent_attributes_:
                 # pickled together with optimizer_, so that the masters stay
                 # the optimizer's parameters
@@ -200,7 +200,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         """Build a new ``grad_scaler_`` from ``grad_scaler`` and the
         ``grad_scaler__*`` parameters (the scale restarts at ``init_scale``)."""
         settings = read_settings(self.precision_params())
-        self.precision_.scaler = build_scaler(settings)
+        self.precision_.scaler = build_scaler(settings, self.get_params_for("grad_scaler"))
         self.amp_step_state_.scale = None
         self.amp_step_state_.closure = self._uses_closure()
         return self
@@ -219,7 +219,8 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         super()._initialize_module(reason=reason)
         if prec is None:
             # skorch's _initialize_module() called on its own
-            prec = self.__dict__["precision_"] = Precision.build(read_settings(self.precision_params()))
+            prec = self.__dict__["precision_"] = Precision.build(
+                read_settings(self.precision_params()), self.get_params_for("grad_scaler"))
         module = self.__dict__.get("module_")
         if isinstance(module, torch.nn.Module):
             prec.attach(module, trimmed=getattr(self, "_trimmed_for_prediction", False))
@@ -348,6 +349,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         or a new one) and the module's layout. Values are not checked again;
         the optimizers are, unless ``checked``."""
         prec, settings = self.precision_, new.settings
+        scaler_params = self.get_params_for("grad_scaler")  # the settings' one stored copy (set by now)
         scaler_kw = {k.split("__", 1)[1] for k in changed if k.startswith("grad_scaler__")}
         rebuild_scaler = bool(SCALER_PARAMS.intersection(changed)) or not scaler_kw <= set(LIVE_SETTINGS)
         relayout = bool(LAYOUT_PARAMS.intersection(changed))
@@ -356,16 +358,16 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
             reasons = sorted(k for k in changed if k in SCALER_PARAMS or k.startswith("grad_scaler"))
             if self.verbose:
                 print(self._format_reinit_msg("grad_scaler", dict.fromkeys(reasons)))
-            scaler = build_scaler(settings)
+            scaler = build_scaler(settings, scaler_params)
         elif scaler_kw:
-            live = {k: settings.scaler_kwargs[k] for k in scaler_kw}
+            live = {k: scaler_params[k] for k in scaler_kw}
             if isinstance(scaler, GradScaler):
                 scaler.apply_settings(**live)  # read_settings has checked the values
             else:  # torch's own scaler: its setters, or a new one
                 for name, value in live.items():
                     setter = getattr(scaler, f"set_{name}", None)
                     if setter is None or not scaler.is_enabled():
-                        scaler = build_scaler(settings)
+                        scaler = build_scaler(settings, scaler_params)
                         break
                     setter(value)
         new.scaler = scaler
@@ -488,7 +490,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         """
         self.__dict__["amp_autotune_"] = result
         settings = read_settings(self.precision_params())
-        old, new = self.precision_, Precision.build(settings)
+        old, new = self.precision_, Precision.build(settings, self.get_params_for("grad_scaler"))
         trimmed = getattr(self, "_trimmed_for_prediction", False)
         names = [n for n in self._optimizers if isinstance(self.__dict__.get(n + "_"), torch.optim.Optimizer)]
         module = self.__dict__.get("module_")
