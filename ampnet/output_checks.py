@@ -18,6 +18,10 @@ read on the host, for a classifier with ``NLLLoss``; none otherwise.
 Outputs that are probabilities (a softmax in ``forward``), binary
 classifiers (``BCEWithLogitsLoss``) and probability targets for
 ``CrossEntropyLoss`` (``y`` of the output's shape) pass.
+
+:func:`check_loss_value` refuses, at every ``get_loss``, a criterion that
+returns no floating tensor (a tuple, a Python number), which ``backward``
+cannot differentiate.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from skorch.classifier import NeuralNetClassifier
 
 from ampnet.exceptions import amp_warn
 
-__all__ = ["check_loss_inputs", "PROBABILITY_TOLERANCE"]
+__all__ = ["check_loss_inputs", "check_loss_value", "PROBABILITY_TOLERANCE"]
 
 #: How far a row of probabilities may sum from 1 (float16 and bfloat16
 #: softmax outputs sum to 1 within a few 1e-3).
@@ -114,3 +118,23 @@ def check_loss_inputs(net: Any, y_pred: Any, y_true: Any) -> bool:
     if isinstance(net, NeuralNetClassifier) and isinstance(criterion, torch.nn.NLLLoss):
         return _check_probabilities(net, y_pred)
     return False
+
+
+def check_loss_value(net: Any, loss: Any) -> None:
+    """Raise a TypeError, naming the criterion and the fix, unless ``loss``
+    (what ``get_loss`` computed) is a floating tensor."""
+    if isinstance(loss, torch.Tensor) and loss.is_floating_point():
+        return
+    criterion = net.__dict__.get("criterion_")
+    if criterion is not None:
+        name = type(criterion).__name__
+    else:
+        name = getattr(getattr(net, "criterion", None), "__name__", "the criterion")
+    what = (f"a {type(loss).__name__} of {len(loss)}" if isinstance(loss, (tuple, list))
+            else f"a {loss.dtype} tensor" if isinstance(loss, torch.Tensor) else f"a {type(loss).__name__}")
+    raise TypeError(
+        f"The criterion {name} returned {what} ({str(loss)[:80]}), but get_loss must return "
+        "the loss as a floating tensor, which backward() differentiates. Fix: make the "
+        "criterion's forward return the loss tensor (e.g. 'return loss', not 'return loss, "
+        "parts'; torch operations, not Python numbers), or override get_loss to pick it."
+    )

@@ -430,7 +430,7 @@ def test_ampnet_auto_contender_includes_its_probe(monkeypatch):
         result.probe_s = 100.0  # a probe of 100 s: 50 s in each of the 2 measured epochs
         return result
 
-    monkeypatch.setattr("ampnet.net.run_probe", slow_probe)
+    monkeypatch.setattr("ampnet.net_autotune.run_probe", slow_probe)
     cfg, wl, data = _tiny(("ampnet-auto",))
     outcome = contenders.run_contender(_contender("ampnet-auto"), wl, data, cfg)
     assert len(outcome.epoch_times) == 2 and all(50.0 < t < 60.0 for t in outcome.epoch_times)
