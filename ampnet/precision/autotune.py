@@ -20,7 +20,7 @@ Candidates
 - for models with 4-D parameters, float32 and mixed again with
   ``memory_format='channels_last'``.
 
-float16 on a CPU is never measured (it is emulated, 10-60x slower than
+float16 on a CPU is never measured (it is emulated, many times slower than
 float32): the table lists it as not measured. An AMP setting other than its
 default narrows the candidates to those that honour it: ``amp_dtype`` fixes
 the dtype, ``amp_level='pure'`` or ``amp_master_weights`` other than True
@@ -30,7 +30,11 @@ case: it is what AMP must beat.
 
 Measurement and choice
 ----------------------
-Each candidate trains ``warmup`` steps (default 1) on the first training
+First a screen (:mod:`ampnet.precision.autotune_screen`): one forward pass
+per low-precision dtype against float32's, on the net's own module without
+gradients, in eval mode; a dtype more than 3x slower than float32 (an
+emulated one) is not measured further, and when no AMP candidate is left,
+no copy is built and nothing is timed. Then each candidate trains ``warmup`` steps (default 1) on the first training
 batch (the first ``batch_size`` rows of the training split, not shuffled),
 through the net's own training step (:func:`ampnet.step.train_step`: the
 non-finite guard, the loss scaler, the optimizer's kernel), without
@@ -56,7 +60,8 @@ say so (pin a choice, or probe with more ``steps``).
 
 Cost
 ----
-At most ``(number of candidates) x (warmup + steps)`` training steps, plus
+The screen: 3 forward passes of float32 and 3 per low-precision dtype on
+the first batch (about one training step's worth). At most ``(number of candidates) x (warmup + steps)`` training steps, plus
 up to 8 extra warm-up steps for a float16 candidate whose loss scale is
 still settling: with the defaults 3 candidates x 6 = 18 steps for a model
 without 4-D parameters, 5 x 6 = 30 for a convolutional one. A candidate
@@ -106,6 +111,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from ampnet.exceptions import AmpWarning
+from ampnet.precision.autotune_screen import SCREEN_SLOWER, screen_dtypes
 from ampnet.validation import describe, is_bool, is_int, is_number
 
 __all__ = [
@@ -267,7 +273,10 @@ class AutotuneResult:
       ``step_time_s`` (median seconds per step; None if not measured),
       ``healthy`` (None if not measured), ``grad_cosine`` (with float32's
       gradients), ``steps`` (training steps run, warm-up included),
-      ``gain`` and ``spread`` (an AMP candidate's gain over float32 and
+      ``forward_ratio`` (AMP candidates: the screen's forward-pass time
+      in their dtype over float32's, see
+      :mod:`ampnet.precision.autotune_screen`; absent where the screen did
+      not run), ``gain`` and ``spread`` (an AMP candidate's gain over float32 and
       the noise of that measurement, fractions; None if not measured or
       for float32), ``chosen`` and ``reason`` (why it is unhealthy, not
       measured or not chosen, e.g. too noisy to decide; None for the
@@ -329,6 +338,15 @@ class AutotuneResult:
             lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
         measured = sum(r.get("step_time_s") is not None for r in self.table)
         total = sum(r.get("steps") or 0 for r in self.table)
+        screened = [r["forward_ratio"] for r in self.table if r.get("forward_ratio") is not None]
+        if screened:
+            lines.append(
+                f"screen: a forward pass per low-precision dtype against float32's, {max(screened):.1f}x at "
+                f"most; a dtype more than {SCREEN_SLOWER:g}x slower is not measured (it cannot pay off).")
+        if not total:
+            lines.append(f"probe: no training step timed (nothing left to compare with float32), "
+                         f"{self.probe_s:.2f} s.")
+            return "\n".join(lines)
         lines.append(
             f"probe: {total} training steps of {measured} candidates ({self.warmup} warm-up + up to "
             f"{self.steps} timed each) on the first training batch, timed in interleaved rounds, "
@@ -417,7 +435,7 @@ def candidate_params(net: Any) -> list[tuple[dict[str, Any], str | None]]:
         params = {"amp_enabled": True, "amp_dtype": dtype_name(dtype), **extra}
         reason = None
         if device.type == "cpu" and dtype == torch.float16:
-            reason = ("not measured: float16 on a CPU is emulated, typically 10-60x slower than "
+            reason = ("not measured: float16 on a CPU is emulated, many times slower than "
                       "float32")
         out.append((params, reason))
     return out
@@ -631,12 +649,26 @@ def run_probe(net: Any, X: Any, y: Any = None, **fit_params: Any) -> AutotuneRes
     live: list[tuple[dict[str, Any], _Candidate]] = []  # rows still timed, float32's first
     try:
         batch = _first_batch(net, X, y, **fit_params)
-        # 1. a copy of each candidate, warmed up (float32's first)
-        for params, skip in candidate_params(net):
+        candidates = candidate_params(net)
+        # 0. a forward pass per low-precision dtype against float32's: leave out the
+        # dtypes that cannot pay off here (emulated ones) before building any copy
+        screen = screen_dtypes(net, batch, [p for p, skip in candidates if not skip], timer, **fit_params)
+        measured = [p for p, skip in candidates
+                    if not skip and not (p["amp_enabled"] and screen.get(str(p["amp_dtype"]), 0.0) > SCREEN_SLOWER)]
+        # 1. a copy of each candidate, warmed up (float32's first); none when the
+        # screen left float32 alone (nothing to compare it with)
+        for params, skip in candidates:
             row: dict[str, Any] = {"params": params, "step_time_s": None, "healthy": None, "grad_cosine": None,
                                    "steps": 0, "gain": None, "spread": None, "reason": skip}
             table.append(row)
-            if skip:
+            if params["amp_enabled"] and str(params["amp_dtype"]) in screen:
+                row["forward_ratio"] = screen[str(params["amp_dtype"])]
+            if not skip and params not in measured:
+                row["reason"] = (
+                    f"not measured: its forward pass took {row['forward_ratio']:.1f}x float32's here "
+                    f"(more than {SCREEN_SLOWER:g}x: it cannot pay off)")
+                continue
+            if skip or len(measured) < 2:
                 continue
             baseline = not live
             try:
@@ -673,8 +705,8 @@ def run_probe(net: Any, X: Any, y: Any = None, **fit_params: Any) -> AutotuneRes
                 timed = [(row, c) for row, c in timed
                          if c is live[0][1] or min(_ratios(c, live[0][1]), default=0.0) <= SLOWER]
         # 3. times, health and agreement with float32's gradients
-        baseline = live[0][1]
-        reference = baseline.capture.grads
+        baseline = live[0][1] if live else None
+        reference = baseline.capture.grads if baseline else None
         for row, candidate in live:
             if row["healthy"] is False:  # failed while timed
                 row["steps"] = len(candidate.losses)
