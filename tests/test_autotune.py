@@ -412,7 +412,7 @@ def test_screen_moves_no_state_of_the_net(data):
     net.module_.drop.eval()  # a mixed set of flags, kept as they were
     stats = {k: v.clone() for k, v in net.module_.state_dict().items()}
     rng = torch.get_rng_state()
-    from ampnet.precision.autotune import run_probe
+    from ampnet.precision.autotune_probe import run_probe
 
     result = run_probe(net, *data)
     assert result.params == FLOAT32

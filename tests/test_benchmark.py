@@ -420,7 +420,7 @@ def test_best_loop_steps_a_fused_optimizer_under_autocast():
 
 
 def test_ampnet_auto_contender_includes_its_probe(monkeypatch):
-    from ampnet.precision import autotune
+    from ampnet.precision import autotune_probe as autotune
     from ampnet_bench import contenders
 
     real = autotune.run_probe
