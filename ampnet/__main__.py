@@ -75,7 +75,7 @@ def _train(label: str, amp: dict, args: argparse.Namespace, data: tuple) -> tupl
     notes = sorted({str(w.message).split(";")[0].split(":")[0] for w in caught})
     tuned = getattr(net, "amp_autotune_", None)
     if tuned is not None:
-        notes.insert(0, f"chosen by a {tuned.probe_s:.1f} s probe")
+        notes.insert(0, f"chosen by a {tuned.probe_s:.2f} s probe")
     return (
         label,
         net.precision_policy_.name,
@@ -138,16 +138,27 @@ def _verdict(net: Any, device: str) -> str:
     base = result.table[0]["step_time_s"]
     if result.params["amp_enabled"]:
         chosen = next(r for r in result.table if r["chosen"])
-        gain = 1 - chosen["step_time_s"] / base if base else 0.0
+        gain = chosen.get("gain")
+        if gain is None:
+            gain = 1 - chosen["step_time_s"] / base if base else 0.0
         return (f"AMP pays off on this machine: {result.chosen} ran {gain:.0%} faster per step "
                 "than float32 in the probe, so amp_enabled='auto' trains with it.")
+    if result.table[0].get("noisy"):
+        return ("The probe's timings were too noisy to tell whether AMP pays off on this machine now "
+                "(is it busy?), so amp_enabled='auto' trains in float32; run it on a quiet machine.")
     reason = ""
     if torch.device(device).type == "cpu" and not cpu_has_native_bf16():
         reason = (" This CPU has no native bfloat16 (AVX512-BF16 or AMX): bfloat16 is emulated, "
                   "so AMP cannot pay off here; on a CPU with it, or a recent GPU, it can.")
-    return ("AMP does not pay off for this model on this machine: no AMP setting beat float32 "
-            f"by more than {result.margin:.0%} in the probe, so amp_enabled='auto' trains in "
-            "float32." + reason)
+    screened = [r["forward_ratio"] for r in result.table[1:]
+                if r.get("forward_ratio") is not None and not r.get("steps")]
+    if screened and not any(r.get("steps") for r in result.table[1:]):
+        found = (f"its forward pass in low precision took {min(screened):.1f}x float32's, so no AMP "
+                 "setting was worth timing")
+    else:
+        found = f"no AMP setting beat float32 by more than {result.margin:.0%} in the probe"
+    return (f"AMP does not pay off for this model on this machine: {found}, so amp_enabled='auto' "
+            "trains in float32." + reason)
 
 
 if __name__ == "__main__":

@@ -227,7 +227,7 @@ def _narrow(module: torch.nn.Module, dtype: torch.dtype, net: Any) -> None:
     with warnings.catch_warnings():
         # selectors that match nothing were reported when the net was initialized
         warnings.simplefilter("ignore", AmpWarning)
-        planner = Precision.build(settings)
+        planner = Precision.build(settings, {})  # plans only: its scaler is never used
         layout = getattr(net, "amp_layout_", None)
         planner.auto_fp32 = layout.auto_fp32_modules if layout is not None else None
         plan = planner.plan(module)

@@ -41,7 +41,10 @@ import torch
 from ampnet.diagnosis import first_nonfinite
 from ampnet.precision import compensation_of, grads_by_device_dtype
 
-__all__ = ["FlightRecorder", "SAMPLE_PER_TENSOR", "global_grad_norm", "nonfinite_loss_message"]
+__all__ = [
+    "FlightRecorder", "REPEATED_OVERFLOWS", "REPEATED_OVERFLOW_SHARE", "SAMPLE_PER_TENSOR", "global_grad_norm",
+    "nonfinite_loss_message",
+]
 
 #: At most this many elements of each parameter are compared before and
 #: after an update to estimate ``lost_updates`` (a strided sample).
@@ -167,10 +170,66 @@ class FlightRecorder:
 # ---- the end of a fit -------------------------------------------------------------
 
 
+#: Overflow skips count as "repeated" (float16 overflow that loss scaling
+#: could not absorb) when at least this many of the last epoch's steps...
+REPEATED_OVERFLOWS = 2
+#: ... and at least this share of its steps were skipped as ``"overflow"``.
+REPEATED_OVERFLOW_SHARE = 0.5
+
+
+def _overflow_evidence(prec: Any, rows: list[dict]) -> str | None:
+    """Why the record points to a float16 overflow that loss scaling could
+    not absorb: steps skipped as ``"overflow"`` with the loss scale at its
+    floor (``min_scale``), or in at least :data:`REPEATED_OVERFLOWS` steps and
+    :data:`REPEATED_OVERFLOW_SHARE` of the epoch's; None otherwise."""
+    overflows = [r for r in rows if r.get("step_skipped") and r.get("skip_cause") == "overflow"]
+    if not overflows:
+        return None
+    settings = getattr(prec.scaler, "get_settings", dict)()
+    floor = float(settings.get("min_scale", 1.0))
+    steps = sum(1 for r in rows if "loss_scale" in r or r.get("step_skipped")) or len(rows)
+    at_floor = [r for r in overflows if r.get("loss_scale") is not None and r["loss_scale"] <= floor]
+    n = len(overflows)
+    if at_floor:
+        return f"{n} step{'s' if n > 1 else ''} skipped as overflow, the loss scale at its floor ({floor:g})"
+    if n >= REPEATED_OVERFLOWS and n >= REPEATED_OVERFLOW_SHARE * steps:
+        return f"{n} of {steps} steps skipped as overflow"
+    return None
+
+
+def _nonfinite_before_any_update(history: Any) -> bool:
+    """Whether the fit's first step skipped as ``"nonfinite_loss"`` came
+    before any applied step: the loss went non-finite with the initial
+    weights, which a learning rate cannot have caused."""
+    for epoch in history:
+        for row in epoch.get("batches") or []:
+            if row.get("skip_cause") == "nonfinite_loss":
+                return True
+            if row.get("step_skipped") is not True:
+                return False
+    return False
+
+
 def nonfinite_loss_message(net: Any) -> str | None:
     """What :meth:`on_train_end` warns about when the last epoch's training
-    loss is NaN or inf, with the likely cause read from that epoch's batch
-    records (``skip_cause``, ``first_nonfinite``); None when it is finite."""
+    loss is NaN or inf; None when it is finite.
+
+    The likely cause is read from the record, the evidence considered in
+    this order:
+
+    1. bad data: steps skipped as ``"nonfinite_input"``;
+    2. a classifier with ``NLLLoss`` whose module does not return
+       probabilities (the warning of :mod:`ampnet.output_checks` at the
+       first batch of the fit): the log of a negative output is NaN;
+    3. a float16 overflow, in float16: steps skipped as ``"overflow"`` with
+       the loss scale at its floor or repeatedly (:func:`_overflow_evidence`);
+       a module named as ``first_nonfinite`` by an ``AmpMonitor``'s replay
+       (its activations or gradients overflow at the step's loss scale); or,
+       without a replay, a loss that was non-finite before any step was
+       applied (the initial weights: no learning rate can have caused it);
+    4. otherwise a diverging loss: the learning rate, or an operation that
+       gives NaN/inf.
+    """
     if not len(net.history):
         return None
     loss = net.history[-1].get("train_loss")
@@ -180,8 +239,11 @@ def nonfinite_loss_message(net: Any) -> str | None:
     skipped = [r for r in rows if r.get("step_skipped")]
     causes = Counter(r.get("skip_cause") for r in skipped)
     modules = Counter(r["first_nonfinite"] for r in skipped if r.get("first_nonfinite") is not None)
+    replayed = any("first_nonfinite" in r for r in skipped)  # an AmpMonitor watched
     prec = net.precision_
     guarded = prec.scaling or prec.settings.skip_nonfinite
+    fp16 = prec.enabled and prec.policy.compute_dtype == torch.float16
+    state = net.__dict__.get("amp_step_state_")
     text = f"Training ended with a non-finite training loss (train_loss={loss:g} in the last epoch"
     if guarded:
         listed = ", ".join(f"{n} {c}" for c, n in causes.most_common() if c)
@@ -190,22 +252,38 @@ def nonfinite_loss_message(net: Any) -> str | None:
     name = modules.most_common(1)[0][0] if modules else None
     where = f" in module {name!r}" if name else " in the module's own forward" if name == "" else ""
     name = name or None  # '' (the root) is no amp_fp32_modules selector
+    overflow = _overflow_evidence(prec, rows) if fp16 else None
+    if fp16 and not overflow and not replayed and causes["nonfinite_loss"] and _nonfinite_before_any_update(
+            net.history):
+        overflow = "the loss was non-finite before any step was applied"
     if causes["nonfinite_input"]:
         bad = causes["nonfinite_input"]
         text += (f"Likely cause: bad data ({bad} batch{'es hold' if bad > 1 else ' holds'} NaN or inf "
                  "in the input or target). Fix: clean or impute the data.")
-    elif prec.enabled and prec.policy.compute_dtype == torch.float16 and (causes["nonfinite_loss"] or not guarded):
+    elif getattr(state, "not_probabilities", False):
+        text += (f"Likely cause: the loss set-up, not the precision: {type(net).__name__} trains with "
+                 "criterion=NLLLoss, which takes the log of the module's output as class probabilities, "
+                 "but the module does not return probabilities (see the warning at the start of the "
+                 "fit): the log of a negative output is NaN. Fix: criterion=torch.nn.CrossEntropyLoss "
+                 "for a module that returns logits, or end the module's forward with "
+                 "torch.softmax(..., dim=-1).")
+    elif fp16 and (overflow or modules):
         fp32 = f"amp_fp32_modules=[{name!r}]" if name is not None else (
             "amp_fp32_modules (net.precision_report(X, y) names the overflowing modules; "
             "ampnet.callbacks.AmpMonitor records them as first_nonfinite)")
-        text += (f"Likely cause: a float16 overflow{where} in the forward pass, which loss scaling "
-                 "cannot absorb. Fix: amp_dtype='bfloat16' (the range of float32), or keep the "
+        evidence = f" ({overflow})" if overflow else ""
+        text += (f"Likely cause: a float16 overflow{where}{evidence}, which loss scaling "
+                 "could not absorb. Fix: amp_dtype='bfloat16' (the range of float32), or keep the "
                  f"module in float32 with {fp32}; inputs of a large scale (standardize them) "
                  "cause it too.")
     else:
         text += (f"Likely cause: the loss diverged{where}. Fix: lower the learning rate (lr), or "
                  "look for operations in the module or criterion that produce NaN/inf (log of 0, "
                  "division by 0).")
+        if fp16 and not replayed:
+            text += (" A float16 overflow in the forward pass leaves the same record: "
+                     "ampnet.callbacks.AmpMonitor (first_nonfinite) or net.precision_report(X, y) "
+                     "names a module that overflows.")
     if guarded:
         text += " Every step whose gradients were not finite was skipped: none reached the weights."
     else:

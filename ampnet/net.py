@@ -11,12 +11,14 @@ overrides each skorch method it needs once, delegating to them:
 - ``amp_step_state_`` (:class:`ampnet.step.StepState`): the training step's
   bookkeeping; the step itself is :func:`ampnet.step.train_step`.
 
-Saving and loading live in :class:`ampnet.io.persistence.PersistenceMixin`.
+Building and changing the components (``initialize``, ``set_params``, all or
+nothing) is :mod:`ampnet.reconfigure`'s work, ``amp_enabled='auto'``'s choice
+:mod:`ampnet.net_autotune`'s; saving and loading live in
+:class:`ampnet.io.persistence.PersistenceMixin`.
 """
 
 from __future__ import annotations
 
-import copy
 from typing import Any, Iterator
 
 import torch
@@ -25,6 +27,7 @@ from skorch.classifier import NeuralNetBinaryClassifier, NeuralNetClassifier
 from skorch.dataset import unpack_data
 from skorch.regressor import NeuralNetRegressor
 
+from ampnet import net_autotune, reconfigure
 from ampnet import step as steps
 from ampnet._docs import amp_doc
 from ampnet.callbacks.checkpoint import epochs_to_run
@@ -33,44 +36,20 @@ from ampnet.exceptions import amp_warn
 from ampnet.warning_site import SITE_ATTRIBUTE, user_site
 from ampnet.flight import nonfinite_loss_message
 from ampnet.net_repr import add_amp_params
-from ampnet.net_state import all_or_nothing
-from ampnet.output_checks import check_loss_inputs
+from ampnet.output_checks import check_loss_inputs, check_loss_value
 from ampnet.conversion import ConversionMixin
 from ampnet.io.persistence import PersistenceMixin
-from ampnet.parallel import Parallel, build_parallel
+from ampnet.parallel import Parallel
 from ampnet.precision import resolve_auto_fp32
-from ampnet.precision import (
-    AutotuneResult, autotune_settings, effective_params, is_auto, read_saved_choice, run_probe,
-)
-from ampnet.precision import Precision, build_scaler
-from ampnet.precision import COMPENSATION_KEY, compensation_of
-from ampnet.precision import check_device
+from ampnet.precision import AutotuneResult, is_auto
+from ampnet.precision import Precision
 from ampnet.precision import autocast_dtype_error
-from ampnet.precision import ampnet_kernels, kernel_defaults, kernels_differ, keep_kernels
-from ampnet.precision import warn_ineffective_settings
+from ampnet.precision import kernel_defaults
 from ampnet.precision import PrecisionLayout
 from ampnet.precision import PrecisionPolicy
-from ampnet.precision import LIVE_SETTINGS, GradScaler
-from ampnet.precision import PRECISION_PARAMS, read_settings
+from ampnet.precision import GradScaler
 
 __all__ = ["AmpNetMixin", "AmpNet", "AmpNetClassifier", "AmpNetRegressor", "AmpNetBinaryClassifier"]
-
-#: Parameters whose change rebuilds the module's precision layout.
-LAYOUT_PARAMS = frozenset({
-    "amp_enabled", "amp_dtype", "amp_level", "amp_master_weights", "amp_fp32_modules", "amp_modules",
-    "memory_format",
-})
-
-#: Parameters that a fitted net stores for the next fit (no component is rebuilt).
-STORED_PREFIXES = ("iterator_train", "iterator_valid", "dataset")
-
-#: Parameters whose change rebuilds the loss scaler (besides non-live ``grad_scaler__*``).
-SCALER_PARAMS = frozenset({"amp_enabled", "amp_dtype", "device", "grad_scaler"})
-
-#: Parameters whose change drops the choice of ``amp_enabled='auto'`` (the next fit probes again).
-AUTOTUNE_INPUTS = frozenset({
-    "amp_enabled", "amp_dtype", "amp_level", "amp_master_weights", "memory_format", "device",
-})
 
 
 class AmpNetMixin(PersistenceMixin, ConversionMixin):
@@ -157,52 +136,20 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         Part of the protocol that ``ampnet.precision`` calls on the net
         (it calls no private method of the net); not a user API.
         """
-        params = {name: getattr(self, name) for name in PRECISION_PARAMS + steps.STEP_PARAMS}
-        params.update({"grad_scaler__" + k: v for k, v in self.get_params_for("grad_scaler").items()})
-        params.update(changes)
-        choice = None if AUTOTUNE_INPUTS.intersection(changes) else self.__dict__.get("amp_autotune_")
-        return effective_params(params, choice)
+        return reconfigure.precision_params(self, changes)
 
     def initialize(self) -> "AmpNetMixin":
         """Check every AMP setting, then initialize skorch's components and
         the precision, step and data-parallel components. All or nothing:
         if anything fails, the net is left exactly as it was (an
         initialized net keeps its module, optimizer and precision)."""
-        check_device(self.device)
-        params = self.precision_params()
-        settings = read_settings(params)
-        steps.check_step_params(params)
-        if is_auto(self.amp_enabled):
-            autotune_settings(self.get_params_for("amp_autotune"))
-        with all_or_nothing(self):
-            was_initialized = self.initialized_
-            with self._current_init_context("grad_scaler"):
-                kwargs = {"grad_scaler__" + k: v for k, v in self.get_params_for("grad_scaler").items()}
-                if was_initialized and self.verbose and kwargs:
-                    print(self._format_reinit_msg("grad_scaler", kwargs))
-                old, module = self.__dict__.get("precision_"), self.__dict__.get("module_")
-                if old is not None and isinstance(module, torch.nn.Module):
-                    old.detach(module)  # float32 again: skorch may reuse the instance
-                self.__dict__["precision_"] = Precision.build(settings)
-            if "precision_" not in self.cuda_dependent_attributes_:
-                # pickled together with optimizer_, so that the masters stay
-                # the optimizer's parameters
-                self.cuda_dependent_attributes_ = [*self.cuda_dependent_attributes_, "precision_"]
-            self.__dict__.pop("amp_step_state_", None)
-            super().initialize()
-            self.amp_step_state_ = steps.StepState(closure=self._uses_closure())
-            with self._current_init_context("parallel"):
-                self.parallel_ = build_parallel(self, self.amp_step_state_.closure)
-        warn_ineffective_settings(self)
+        reconfigure.initialize(self, super().initialize)
         return self
 
     def initialize_grad_scaler(self) -> "AmpNetMixin":
         """Build a new ``grad_scaler_`` from ``grad_scaler`` and the
         ``grad_scaler__*`` parameters (the scale restarts at ``init_scale``)."""
-        settings = read_settings(self.precision_params())
-        self.precision_.scaler = build_scaler(settings)
-        self.amp_step_state_.scale = None
-        self.amp_step_state_.closure = self._uses_closure()
+        reconfigure.initialize_grad_scaler(self)
         return self
 
     def _uses_closure(self) -> bool:
@@ -212,26 +159,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         )
 
     def _initialize_module(self, reason: str | None = None) -> "AmpNetMixin":
-        prec = self.__dict__.get("precision_")
-        module = self.__dict__.get("module_")
-        if prec is not None and isinstance(module, torch.nn.Module):
-            prec.detach(module)  # an instance module is reused by skorch
-        super()._initialize_module(reason=reason)
-        if prec is None:
-            # skorch's _initialize_module() called on its own
-            prec = self.__dict__["precision_"] = Precision.build(read_settings(self.precision_params()))
-        module = self.__dict__.get("module_")
-        if isinstance(module, torch.nn.Module):
-            prec.attach(module, trimmed=getattr(self, "_trimmed_for_prediction", False))
-        elif (self.amp_level != "mixed" or self.amp_fp32_modules is not None
-              or self.amp_modules is not None or self.memory_format != "preserve"):
-            # skorch allows nets without a ``module_`` (custom module names):
-            # autocast applies as usual; per-module control has no module to act on
-            raise ValueError(
-                "amp_level, amp_fp32_modules, amp_modules and memory_format act on "
-                "the net's 'module_', which this net does not have. Fix: keep their "
-                "defaults, or name the main module 'module_'."
-            )
+        reconfigure.initialize_module(self, super()._initialize_module, reason)
         return self
 
     def get_params_for_optimizer(self, prefix: str, named_parameters: Any) -> tuple[tuple, dict]:
@@ -255,7 +183,6 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         return self
 
     # ---- parameters -----------------------------------------------------
-
     def set_params(self, **kwargs: Any) -> "AmpNetMixin":
         """Set parameters, all or nothing.
 
@@ -271,117 +198,8 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         at the next fit. If anything fails, for any parameter, the net is
         left exactly as it was (``ampnet.net_state``).
         """
-        # grad_scaler and grad_scaler__* are ampnet's to handle: skorch would
-        # treat the "grad_scaler" prefix as a module and refuse it
-        own = {k: v for k, v in kwargs.items()
-               if k == "grad_scaler" or k.startswith(("grad_scaler__", "amp_autotune__"))}
-        others = {k: v for k, v in kwargs.items() if k not in own}
-        if not self.initialized_:
-            with all_or_nothing(self):
-                super().set_params(**others)
-                self.__dict__.update(own)
-            return self
-        # every check first: nothing has changed when one refuses
-        if "device" in kwargs:
-            check_device(kwargs["device"])
-        params = self.precision_params(**kwargs)
-        settings = read_settings(params)
-        steps.check_step_params(params)
-        if is_auto(kwargs.get("amp_enabled", self.amp_enabled)):
-            autotune_settings({**self.get_params_for("amp_autotune"),
-                               **{k.split("__", 1)[1]: v for k, v in own.items() if k.startswith("amp_autotune__")}})
-        new_optimizer = any(k.split("__")[0] in self._optimizers for k in kwargs)
-        # the one Precision of this call; _apply_precision gives it its scaler
-        new = Precision(settings, self.precision_.scaler)
-        checked = not (getattr(self, "_trimmed_for_prediction", False) or new_optimizer)
-        if checked:  # a kernel ampnet chose is chosen again for the new layout
-            new.check_optimizers([(n, getattr(self, n + "_")) for n in self._optimizers], ampnet_kernels(self))
-        # read at the next fit: skorch re-initializes nothing for them (and
-        # refuses them on an initialized net)
-        stored = {k: v for k, v in others.items() if k.startswith(STORED_PREFIXES)}
-        others = {k: v for k, v in others.items() if k not in stored}
-        with all_or_nothing(self):
-            if stored:
-                vars(self).update(stored)
-                self._params_to_validate.update(stored)
-                self._validate_params()
-            # kept as parameters (skorch's virtual setter forgets them), and
-            # before skorch's set_params, so that a re-initialized optimizer has them
-            vars(self).update(self._optimizer_settings(others))
-            if others:
-                super().set_params(**others)
-            self._check_optimizers_accept(others)
-            self.__dict__.update(own)
-            if AUTOTUNE_INPUTS.intersection(kwargs):
-                self.__dict__.pop("amp_autotune_", None)  # the next fit probes again
-            self._apply_precision(new, sorted(kwargs), checked)
+        reconfigure.set_params(self, kwargs, super().set_params)
         return self
-
-    def _optimizer_settings(self, changed: dict[str, Any]) -> dict[str, Any]:
-        """The ``<optimizer>__<name>`` settings among ``changed`` (not
-        ``lr``, which skorch keeps, nor ``param_groups__*``, which are
-        no constructor arguments)."""
-        return {k: v for k, v in changed.items()
-                if any(k.startswith(n + "__") and not k.startswith(n + "__param_groups__")
-                       for n in self._optimizers)}
-
-    def _check_optimizers_accept(self, changed: dict[str, Any]) -> None:
-        """skorch sets optimizer settings (``lr``, ``optimizer__momentum``)
-        in the live optimizer's parameter groups without a check: build each
-        changed optimizer afresh, as ``initialize()`` would, so that an
-        invalid value raises."""
-        if getattr(self, "_trimmed_for_prediction", False):
-            return
-        for name in self._optimizers:
-            if not any(k.startswith(name + "__") or (k == "lr" and name == "optimizer") for k in changed):
-                continue
-            factory = getattr(self, name, None)
-            # a distributed optimizer (ZeroRedundancyOptimizer) talks to its peers when built
-            if callable(factory) and not getattr(factory, "__module__", "").startswith("torch.distributed"):
-                args, kwargs = self.get_params_for_optimizer(name, self.get_all_learnable_params())
-                factory(*args, **kwargs)
-
-    def _apply_precision(self, new: Precision, changed: list[str], checked: bool = False) -> None:
-        """Make ``new`` (built by ``set_params`` from the checked settings)
-        the net's ``precision_`` after ``changed`` parameters were set on an
-        initialized net: give it its scaler (the live one, changed in place,
-        or a new one) and the module's layout. Values are not checked again;
-        the optimizers are, unless ``checked``."""
-        prec, settings = self.precision_, new.settings
-        scaler_kw = {k.split("__", 1)[1] for k in changed if k.startswith("grad_scaler__")}
-        rebuild_scaler = bool(SCALER_PARAMS.intersection(changed)) or not scaler_kw <= set(LIVE_SETTINGS)
-        relayout = bool(LAYOUT_PARAMS.intersection(changed))
-        scaler = prec.scaler
-        if rebuild_scaler:
-            reasons = sorted(k for k in changed if k in SCALER_PARAMS or k.startswith("grad_scaler"))
-            if self.verbose:
-                print(self._format_reinit_msg("grad_scaler", dict.fromkeys(reasons)))
-            scaler = build_scaler(settings)
-        elif scaler_kw:
-            live = {k: settings.scaler_kwargs[k] for k in scaler_kw}
-            if isinstance(scaler, GradScaler):
-                scaler.apply_settings(**live)  # read_settings has checked the values
-            else:  # torch's own scaler: its setters, or a new one
-                for name, value in live.items():
-                    setter = getattr(scaler, f"set_{name}", None)
-                    if setter is None or not scaler.is_enabled():
-                        scaler = build_scaler(settings)
-                        break
-                    setter(value)
-        new.scaler = scaler
-        if not (checked or getattr(self, "_trimmed_for_prediction", False)):  # refuse before the module changes
-            new.check_optimizers([(n, getattr(self, n + "_")) for n in self._optimizers], ampnet_kernels(self))
-        layout_changed = [k for k in changed if k in LAYOUT_PARAMS]
-        if relayout and isinstance(self.__dict__.get("module_"), torch.nn.Module):
-            self.relayout_precision(prec, new, layout_changed)
-        else:
-            new.layout, new.masters = prec.layout, prec.masters
-            self.__dict__["precision_"] = new
-            if relayout and not getattr(self, "_trimmed_for_prediction", False) and self._kernels_changed():
-                self._rebuild_optimizers(layout_changed)
-        self.__dict__["precision_"] = new
-        self.amp_step_state_.scale = None
-        self.amp_step_state_.closure = self._uses_closure()
 
     def relayout_precision(self, old: Precision, new: Precision, changed: list[str]) -> None:
         """Move the fitted module to the new layout, keeping the weights; the
@@ -393,43 +211,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         Part of the protocol that ``ampnet.precision`` calls on the net
         (it calls no private method of the net); not a user API.
         """
-        trimmed = getattr(self, "_trimmed_for_prediction", False)
-        optimizers = [] if trimmed else [getattr(self, n + "_") for n in self._optimizers]
-        moved = new.take_over(old, self.module_, trimmed, optimizers)
-        if trimmed:
-            return
-        self.__dict__["precision_"] = new
-        # float32 parameters throughout and the kernel ampnet would choose: the optimizer is still right
-        if moved or self._kernels_changed():
-            self._rebuild_optimizers(changed)
-
-    def _kernels_changed(self) -> bool:
-        """Whether an optimizer whose kernel ampnet chose would get another
-        one if built now (``precision_`` is the new one): AMP turned on or
-        off, or parameters of a dtype the fused kernel does not serve."""
-        for name in ampnet_kernels(self):
-            optimizer = self.__dict__.get(name + "_")
-            factory = getattr(self, name, None)
-            if not isinstance(optimizer, torch.optim.Optimizer) or not callable(factory):
-                continue
-            _, kwargs = self.get_params_for_optimizer(name, self.get_all_learnable_params())
-            if kernels_differ(optimizer, kwargs):
-                return True
-        return False
-
-    def _rebuild_optimizers(self, changed: list[str]) -> None:
-        """Build the optimizers afresh for the module's new layout (with the
-        kernel for it), carrying their state over where the parameters line up."""
-        states = {n: getattr(self, n + "_").state_dict() for n in self._optimizers}
-        self._initialize_optimizer(reason=self._format_reinit_msg("optimizer", dict.fromkeys(changed)))
-        for name, state in states.items():
-            try:
-                optimizer = getattr(self, name + "_")
-                optimizer.load_state_dict(keep_kernels(optimizer, state))
-            except ValueError as exc:
-                amp_warn(
-                    f"The state of {name} could not be carried over after changing "
-                    f"{', '.join(changed)} ({exc}); it starts afresh.")
+        reconfigure.relayout_precision(self, old, new, changed)
 
     # ---- fitting --------------------------------------------------------
 
@@ -437,7 +219,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         if not self.initialized_:
             self.initialize()
         # amp_enabled='auto', first fit only (skorch's fit() threads a routing flag through)
-        self._autotune(X, y, **{k: v for k, v in fit_params.items() if k != "_routing_method"})
+        net_autotune.choose(self, X, y, **{k: v for k, v in fit_params.items() if k != "_routing_method"})
         if not is_auto(self.amp_enabled):  # 'auto' measured whether it pays off here
             for notice in self.precision_policy_.notices:
                 amp_warn(notice)
@@ -464,47 +246,6 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
 
     # ---- amp_enabled='auto' -------------------------------------------------
 
-    def _autotune(self, X: Any, y: Any = None, **fit_params: Any) -> None:
-        """Choose for ``amp_enabled='auto'`` once: a saved choice of the
-        checkpoint that ``LoadInitState`` resumes from, else the probe of
-        ``ampnet.precision.autotune``; then train with it."""
-        if not is_auto(self.amp_enabled) or "amp_autotune_" in self.__dict__:
-            return
-        saved = self._resume_choice()
-        if saved is not None:
-            result = AutotuneResult(params=saved, device=str(self.device), source="loaded")
-        else:
-            result = run_probe(self, X, y, **fit_params)
-            if self.parallel_.world_size > 1:  # every rank trains with rank 0's choice
-                shared = [result]
-                torch.distributed.broadcast_object_list(shared, src=0)
-                result = shared[0]
-        self.adopt_autotune(result)
-        if self.verbose and result.source == "probe":
-            print(result, flush=True)
-
-    def _resume_choice(self) -> dict[str, Any] | None:
-        """The choice saved in the parameters of the checkpoint that a
-        ``LoadInitState`` callback will load, if any."""
-        from skorch.callbacks import LoadInitState as SkorchLoadInitState
-
-        from ampnet.io.files import checkpoint_files
-
-        for _, cb in self.callbacks_:
-            if not isinstance(cb, SkorchLoadInitState) or getattr(cb, "use_safetensors", False):
-                continue
-            try:
-                path = checkpoint_files(cb.checkpoint, self).get("f_params")
-                if path is None or not isinstance(path, (str, bytes)) and not hasattr(path, "__fspath__"):
-                    continue
-                state = torch.load(path, map_location="cpu", weights_only=True)
-            except Exception:  # no checkpoint yet, or one LoadInitState will refuse
-                continue
-            choice = read_saved_choice(state)
-            if choice is not None:
-                return choice
-        return None
-
     def adopt_autotune(self, result: AutotuneResult, carry: bool = True) -> None:
         """Train with ``result``'s choice from now on: the precision component,
         the module's layout and the optimizers become those of a net built
@@ -514,36 +255,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         Part of the protocol that ``ampnet.precision`` calls on the net
         (it calls no private method of the net); not a user API.
         """
-        self.__dict__["amp_autotune_"] = result
-        settings = read_settings(self.precision_params())
-        old, new = self.precision_, Precision.build(settings)
-        trimmed = getattr(self, "_trimmed_for_prediction", False)
-        names = [n for n in self._optimizers if isinstance(self.__dict__.get(n + "_"), torch.optim.Optimizer)]
-        module = self.__dict__.get("module_")
-        # compensation buffers loaded into a float32 net's optimizer (load_params) stay the weights'
-        kept = compensation_of([getattr(self, n + "_") for n in names]) if carry and settings.compensated else {}
-        if isinstance(module, torch.nn.Module):
-            new.take_over(old, module, trimmed, [getattr(self, n + "_") for n in names])
-        states = {n: getattr(self, n + "_").state_dict() for n in names if carry and getattr(self, n + "_").state}
-        self.__dict__["precision_"] = new
-        if not trimmed:
-            with self._current_init_context("optimizer"):
-                self.initialize_optimizer()
-            new.check_optimizers([(n, getattr(self, n + "_")) for n in self._optimizers])
-            for name, state in states.items():
-                optimizer = getattr(self, name + "_")
-                try:
-                    optimizer.load_state_dict(keep_kernels(optimizer, state))
-                except ValueError as exc:
-                    amp_warn(f"The state of {name} could not be carried over to the settings of "
-                             f"amp_enabled='auto' ({exc}); it starts afresh.")
-            for name in self._optimizers if kept else ():
-                optimizer = getattr(self, name + "_")
-                for p in (p for group in optimizer.param_groups for p in group["params"]):
-                    if id(p) in kept and p in optimizer.state:
-                        optimizer.state[p][COMPENSATION_KEY] = kept[id(p)].to(p.dtype)
-        # a new step state, as initialize() builds; DDP re-wraps the module by itself
-        self.amp_step_state_ = steps.StepState(closure=self._uses_closure())
+        reconfigure.adopt_autotune(self, result, carry)
 
     def autotune_copy(self, params: dict[str, Any]) -> "AmpNetMixin":
         """A net that trains copies of this net's modules with ``params``
@@ -553,27 +265,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         Part of the protocol that ``ampnet.precision`` calls on the net
         (it calls no private method of the net); not a user API.
         """
-        from skorch.history import History
-
-        from ampnet.precision import module_root
-
-        probe = object.__new__(type(self))
-        probe.__dict__.update(self.__dict__)
-        d = probe.__dict__
-        for name in [*self._modules, *self._criteria]:
-            obj = self.__dict__.get(name + "_")
-            if isinstance(obj, torch.nn.Module):
-                d[name + "_"] = copy.deepcopy(module_root(obj) if name == "module" else obj)
-        for name in self._optimizers:
-            d[name + "_"] = None
-        d.pop("amp_autotune_", None)
-        d.update(
-            precision_=copy.copy(self.precision_), virtual_params_=dict(self.virtual_params_),
-            history_=History(), callbacks_=[], verbose=0, parallel_=Parallel(), _trimmed_for_prediction=False,
-            gradient_accumulation_steps=1,  # every probe step is an optimizer step
-        )
-        probe.adopt_autotune(AutotuneResult(params=dict(params)), carry=False)
-        return probe
+        return net_autotune.autotune_copy(self, params)
 
     # ---- the training step ----------------------------------------------
 
@@ -686,36 +378,21 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         state = self.__dict__.get("amp_step_state_")
         if training and state is not None and state.check_loss_inputs:
             state.check_loss_inputs = False
-            check_loss_inputs(self, y_pred, y_true)
+            state.not_probabilities = check_loss_inputs(self, y_pred, y_true)
         with self.precision_.forward_context():
             loss = super().get_loss(y_pred, y_true, X=X, training=training)
-        if not (isinstance(loss, torch.Tensor) and loss.is_floating_point()):
-            _refuse_loss(self, loss)
+        check_loss_value(self, loss)
         return loss
 
     # ---- epochs and callbacks -------------------------------------------
 
     def on_train_begin(self, net, X=None, y=None, **kwargs):
         super().on_train_begin(net, X=X, y=y, **kwargs)
-        # a step interrupted between unscale_() and update() (an exception
-        # in a callback, KeyboardInterrupt) must not block the next fit
-        scaler = self.grad_scaler_
-        if scaler.is_enabled() and scaler._per_optimizer_states:
-            scaler._per_optimizer_states.clear()
-        if isinstance(scaler, GradScaler):
-            scaler.scaled_in_step = False
-        state = self.amp_step_state_
-        state.micro_batches = 0
-        state.check_loss_inputs = True
-        state.scale = None
-        state.recorder = None  # an AmpMonitor among the callbacks attaches one
-        steps.current_scale(self)  # before the first scale(): no read
+        steps.begin_fit(self)
 
     def on_epoch_begin(self, net, dataset_train=None, dataset_valid=None, **kwargs):
         super().on_epoch_begin(net, dataset_train=dataset_train, dataset_valid=dataset_valid, **kwargs)
-        state = self.amp_step_state_
-        state.micro_batches, state.epoch_skips, state.stepped_epoch = 0, 0, set()
-        state.bad_input, state.losses = None, []
+        steps.begin_epoch(self)
         self.parallel_.begin_epoch(len(self.history))
 
     def on_epoch_end(self, net, dataset_train=None, dataset_valid=None, **kwargs):
@@ -789,23 +466,6 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
                 and self.predict_nonlinearity == "auto":
             return kept
         return super()._get_predict_nonlinearity()
-
-
-def _refuse_loss(net: Any, loss: Any) -> None:
-    """Raise the TypeError for a criterion that returned no floating tensor."""
-    criterion = net.__dict__.get("criterion_")
-    if criterion is not None:
-        name = type(criterion).__name__
-    else:
-        name = getattr(getattr(net, "criterion", None), "__name__", "the criterion")
-    what = (f"a {type(loss).__name__} of {len(loss)}" if isinstance(loss, (tuple, list))
-            else f"a {loss.dtype} tensor" if isinstance(loss, torch.Tensor) else f"a {type(loss).__name__}")
-    raise TypeError(
-        f"The criterion {name} returned {what} ({str(loss)[:80]}), but get_loss must return "
-        "the loss as a floating tensor, which backward() differentiates. Fix: make the "
-        "criterion's forward return the loss tensor (e.g. 'return loss', not 'return loss, "
-        "parts'; torch operations, not Python numbers), or override get_loss to pick it."
-    )
 
 
 class AmpNet(AmpNetMixin, NeuralNet):

@@ -18,6 +18,10 @@ read on the host, for a classifier with ``NLLLoss``; none otherwise.
 Outputs that are probabilities (a softmax in ``forward``), binary
 classifiers (``BCEWithLogitsLoss``) and probability targets for
 ``CrossEntropyLoss`` (``y`` of the output's shape) pass.
+
+:func:`check_loss_value` refuses, at every ``get_loss``, a criterion that
+returns no floating tensor (a tuple, a Python number), which ``backward``
+cannot differentiate.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from skorch.classifier import NeuralNetClassifier
 
 from ampnet.exceptions import amp_warn
 
-__all__ = ["check_loss_inputs", "PROBABILITY_TOLERANCE"]
+__all__ = ["check_loss_inputs", "check_loss_value", "PROBABILITY_TOLERANCE"]
 
 #: How far a row of probabilities may sum from 1 (float16 and bfloat16
 #: softmax outputs sum to 1 within a few 1e-3).
@@ -60,16 +64,16 @@ def _check_target(net: Any, criterion: Any, y_pred: torch.Tensor, y_true: Any) -
     )
 
 
-def _check_probabilities(net: Any, y_pred: torch.Tensor) -> None:
+def _check_probabilities(net: Any, y_pred: torch.Tensor) -> bool:
     if y_pred.dim() < 2 or not y_pred.is_floating_point() or y_pred.shape[1] < 2:
-        return
+        return False
     pred = y_pred.detach()
     sums = pred.sum(dim=1)
     finite = torch.isfinite(sums)  # non-finite outputs are the step's guard's business
     negative = pred.amin(dim=1) < 0
     off = (sums - 1).abs() > PROBABILITY_TOLERANCE
     if not bool(((negative | off) & finite).any()):  # the one host read
-        return
+        return False
     rows = pred.movedim(1, -1)[finite]
     sums = sums[finite]
     amp_warn(
@@ -82,9 +86,10 @@ def _check_probabilities(net: Any, y_pred: torch.Tensor) -> None:
         "for a module that returns logits (predict_proba then applies the softmax), or end "
         "the module's forward with torch.softmax(..., dim=-1)."
     )
+    return True
 
 
-def check_loss_inputs(net: Any, y_pred: Any, y_true: Any) -> None:
+def check_loss_inputs(net: Any, y_pred: Any, y_true: Any) -> bool:
     """Warn about, or refuse, the mistakes described in this module.
 
     Parameters
@@ -97,11 +102,39 @@ def check_loss_inputs(net: Any, y_pred: Any, y_true: Any) -> None:
 
     y_true : torch.Tensor or None
       The targets of the batch.
+
+    Returns
+    -------
+    not_probabilities : bool
+      True when it warned that the outputs are not probabilities under
+      ``NLLLoss`` (the net keeps it for the diagnosis of a non-finite loss
+      at the end of the fit, :func:`ampnet.flight.nonfinite_loss_message`).
     """
     criterion = getattr(net, "criterion_", None)
     criterion = getattr(criterion, "_orig_mod", criterion)
     if not (isinstance(criterion, _CLASS_INDEX_LOSSES) and isinstance(y_pred, torch.Tensor)):
-        return
+        return False
     _check_target(net, criterion, y_pred, y_true)
     if isinstance(net, NeuralNetClassifier) and isinstance(criterion, torch.nn.NLLLoss):
-        _check_probabilities(net, y_pred)
+        return _check_probabilities(net, y_pred)
+    return False
+
+
+def check_loss_value(net: Any, loss: Any) -> None:
+    """Raise a TypeError, naming the criterion and the fix, unless ``loss``
+    (what ``get_loss`` computed) is a floating tensor."""
+    if isinstance(loss, torch.Tensor) and loss.is_floating_point():
+        return
+    criterion = net.__dict__.get("criterion_")
+    if criterion is not None:
+        name = type(criterion).__name__
+    else:
+        name = getattr(getattr(net, "criterion", None), "__name__", "the criterion")
+    what = (f"a {type(loss).__name__} of {len(loss)}" if isinstance(loss, (tuple, list))
+            else f"a {loss.dtype} tensor" if isinstance(loss, torch.Tensor) else f"a {type(loss).__name__}")
+    raise TypeError(
+        f"The criterion {name} returned {what} ({str(loss)[:80]}), but get_loss must return "
+        "the loss as a floating tensor, which backward() differentiates. Fix: make the "
+        "criterion's forward return the loss tensor (e.g. 'return loss', not 'return loss, "
+        "parts'; torch operations, not Python numbers), or override get_loss to pick it."
+    )

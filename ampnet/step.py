@@ -24,6 +24,7 @@ from skorch.utils import TeeGenerator
 
 from ampnet._tree import has_nonfinite, nonfinite_flag
 from ampnet.exceptions import AmpDivergenceError, AmpStateError, amp_warn
+from ampnet.precision import GradScaler
 from ampnet.validation import describe
 
 __all__ = [
@@ -33,6 +34,9 @@ __all__ = [
     "uses_closure",
     "held_callbacks",
     "flag_last",
+    "begin_fit",
+    "begin_epoch",
+    "record_epoch",
     "STEP_PARAMS",
     "SKIP_CAUSES",
     "skip_cause",
@@ -66,6 +70,7 @@ class StepState:
     losses: list = field(default_factory=list)  # the group's losses, read only when its step is skipped
     recorder: Any = None  # ampnet.flight.FlightRecorder while an AmpMonitor watches the fit
     check_loss_inputs: bool = True  # the fit's first training batch is checked (output_checks)
+    not_probabilities: bool = False  # that check warned: outputs are no probabilities under NLLLoss
 
 
 def train_step(net: Any, batch: Any, **fit_params: Any) -> dict[str, Any]:
@@ -258,6 +263,32 @@ def _divergence_message(net: Any, state: StepState) -> str:
         f"(amp_max_consecutive_skips={net.amp_max_consecutive_skips}). The weights "
         "are those of the last good step. Likely causes:\n- " + "\n- ".join(causes)
     )
+
+
+def begin_fit(net: Any) -> None:
+    """At the start of a fit: a fresh step state for it, and a loss scaler
+    without the record of a step that an exception interrupted between
+    ``unscale_()`` and ``update()`` (a callback, KeyboardInterrupt), which
+    would block the next fit."""
+    scaler = net.grad_scaler_
+    if scaler.is_enabled() and scaler._per_optimizer_states:
+        scaler._per_optimizer_states.clear()
+    if isinstance(scaler, GradScaler):
+        scaler.scaled_in_step = False
+    state = net.amp_step_state_
+    state.micro_batches = 0
+    state.check_loss_inputs = True
+    state.not_probabilities = False
+    state.scale = None
+    state.recorder = None  # an AmpMonitor among the callbacks attaches one
+    current_scale(net)  # before the first scale(): no read
+
+
+def begin_epoch(net: Any) -> None:
+    """At the start of an epoch: its counts of micro-batches and skips."""
+    state = net.amp_step_state_
+    state.micro_batches, state.epoch_skips, state.stepped_epoch = 0, 0, set()
+    state.bad_input, state.losses = None, []
 
 
 def record_epoch(net: Any) -> None:

@@ -91,6 +91,10 @@ class Contender:
 
     control_of : str or None
       Key of the contender this one repeats exactly (the A/A control).
+
+    monitor : bool
+      AmpNet with an :class:`ampnet.callbacks.AmpMonitor` callback (the
+      flight recorder: skip causes, ``grad_norm``, ``lost_updates``).
     """
 
     key: str
@@ -103,6 +107,7 @@ class Contender:
     fused: bool = False
     control_of: str | None = None
     auto: bool = False
+    monitor: bool = False
 
 
 #: All contenders, in the order they run within a round.
@@ -115,9 +120,17 @@ CONTENDERS: tuple[Contender, ...] = (
               "raw", True, fused=True),
     Contender("skorch-fp32", "skorch NeuralNetClassifier, float32", "skorch", False),
     Contender("ampnet-fp32", "AmpNet, amp_enabled=False", "ampnet", False),
+    Contender("ampnet-fp32-aa", "AmpNet, amp_enabled=False, again (A/A control)", "ampnet", False,
+              control_of="ampnet-fp32"),
+    Contender("ampnet-fp32-noguard", "AmpNet, amp_enabled=False, amp_skip_nonfinite=False", "ampnet", False,
+              skip_nonfinite=False),
+    Contender("ampnet-fp32-monitor", "AmpNet, amp_enabled=False, with AmpMonitor", "ampnet", False,
+              monitor=True),
     Contender("ampnet-mixed", "AmpNet, amp_level='mixed'", "ampnet", True, "mixed"),
     Contender("ampnet-mixed-noguard", "AmpNet, amp_level='mixed', amp_skip_nonfinite=False",
               "ampnet", True, "mixed", skip_nonfinite=False),
+    Contender("ampnet-mixed-monitor", "AmpNet, amp_level='mixed', with AmpMonitor", "ampnet", True, "mixed",
+              monitor=True),
     Contender("ampnet-pure", "AmpNet, amp_level='pure'", "ampnet", True, "pure"),
     Contender("ampnet-pure-nomw", "AmpNet, amp_level='pure', amp_master_weights=False", "ampnet",
               True, "pure", False),
@@ -404,6 +417,10 @@ def _make_net(
                amp_master_weights=contender.master_weights) if contender.amp else {}
     if contender.auto:
         amp = dict(amp_dtype=cfg.dtype)
+    if contender.monitor:
+        from ampnet.callbacks import AmpMonitor
+
+        params["callbacks"] = [*params.get("callbacks", []), AmpMonitor()]
     return AmpNetClassifier(
         amp_enabled="auto" if contender.auto else contender.amp,
         amp_skip_nonfinite=contender.skip_nonfinite, **amp, **params

@@ -11,7 +11,8 @@ round's time. Ratios are computed inside each round (so slow drifts of the
 machine cancel) and summarized by their median over rounds.
 
 The A/A control runs one contender twice under two keys (``raw-amp`` and
-``raw-amp-aa``): their per-round ratio would be 1 on a noiseless machine.
+``raw-amp-aa``, or ``ampnet-fp32`` and ``ampnet-fp32-aa`` where the AMP loop
+does not run): their per-round ratio would be 1 on a noiseless machine.
 Its largest deviation over the rounds is the *A/A spread*; a comparison
 whose median differs from 1 by no more than that is reported "within
 noise", never as a difference.
@@ -44,14 +45,15 @@ from ampnet_bench.memory import MemoryMeter, MemoryReading, describe_method, pro
 from ampnet_bench.workloads import Workload
 from ampnet_bench.worker import run_in_subprocess
 
-__all__ = ["AA_PAIR", "Comparison", "COMPARISONS", "PEERS", "SCHEMA_VERSION", "aa_control", "run_benchmark",
+__all__ = ["AA_PAIRS", "Comparison", "COMPARISONS", "PEERS", "SCHEMA_VERSION", "aa_control", "run_benchmark",
            "run_workload", "verdict"]
 
 #: Version of the JSON results layout.
 SCHEMA_VERSION = 2
 
-#: The A/A control: the same contender under two keys.
-AA_PAIR = ("raw-amp", "raw-amp-aa")
+#: The A/A controls, each the same contender under two keys; the first pair
+#: that ran gives the A/A spread.
+AA_PAIRS = (("raw-amp", "raw-amp-aa"), ("ampnet-fp32", "ampnet-fp32-aa"))
 
 #: The peers in their default configuration (time of the fastest per round).
 PEERS = ("raw-amp", "skorch-accelerate", "lightning")
@@ -99,6 +101,14 @@ COMPARISONS: tuple[Comparison, ...] = (
     Comparison("ampnet_mixed_vs_raw_amp", "AmpNet mixed time / PyTorch AMP loop time", "ampnet-mixed", "raw-amp", "time_ratio"),
     Comparison("ampnet_noguard_vs_raw_amp", "AmpNet mixed without the non-finite guard time / PyTorch AMP loop time",
                "ampnet-mixed-noguard", "raw-amp", "time_ratio"),
+    Comparison("guard_cost_fp32", "AmpNet fp32 time / the same without the non-finite guard (its cost)",
+               "ampnet-fp32", "ampnet-fp32-noguard", "time_ratio"),
+    Comparison("guard_cost_mixed", "AmpNet mixed time / the same without the non-finite guard (its cost)",
+               "ampnet-mixed", "ampnet-mixed-noguard", "time_ratio"),
+    Comparison("monitor_cost_fp32", "AmpNet fp32 with AmpMonitor time / without (the flight recorder's cost)",
+               "ampnet-fp32-monitor", "ampnet-fp32", "time_ratio"),
+    Comparison("monitor_cost_mixed", "AmpNet mixed with AmpMonitor time / without (the flight recorder's cost)",
+               "ampnet-mixed-monitor", "ampnet-mixed", "time_ratio"),
     Comparison("ampnet_fp32_vs_raw_fp32", "AmpNet fp32 time / PyTorch fp32 loop time", "ampnet-fp32", "raw-fp32", "time_ratio"),
     Comparison("ampnet_fp32_vs_skorch", "AmpNet fp32 time / skorch time", "ampnet-fp32", "skorch-fp32", "time_ratio"),
     Comparison("skorch_vs_raw_fp32", "skorch time / PyTorch fp32 loop time", "skorch-fp32", "raw-fp32", "time_ratio"),
@@ -265,10 +275,12 @@ def _round_times(records: dict[str, _Record], keys: str | tuple[str, ...], r: in
 def aa_control(records: dict[str, _Record], n_rounds: int) -> dict[str, Any] | None:
     """The A/A control: per-round time ratios of the two copies of the same
     contender, their median, and the spread (largest deviation from 1 over
-    the rounds, as a fraction). None unless both copies ran."""
-    a, b = AA_PAIR
-    if a not in records or b not in records:
+    the rounds, as a fraction), for the first pair of :data:`AA_PAIRS` whose
+    copies both ran. None when no pair ran."""
+    pairs = [(a, b) for a, b in AA_PAIRS if a in records and b in records]
+    if not pairs:
         return None
+    a, b = pairs[0]
     per_round = []
     for r in range(n_rounds):
         ta, tb = _round_time(records[a], r), _round_time(records[b], r)

@@ -328,9 +328,48 @@ def test_set_params_of_a_live_scaler_setting_checks_once_and_builds_one_precisio
     assert len(checks) == 1 and checks[0]["growth_factor"] == 4
     # the live scaler changed in place, and the new component holds it
     assert net.grad_scaler_ is live and live.get_settings()["growth_factor"] == 4.0
-    assert net.precision_.settings.scaler_kwargs == {"growth_factor": 4}
     assert net.get_params()["grad_scaler__growth_factor"] == 4
-    # a bad value is still refused, naming the parameter, and changes nothing
+    _assert_one_stored_scaler_setting(net, "growth_factor")
+    # a bad value is still refused, naming the parameter, and changes nothing:
+    # not the parameter, not the component, not the live scaler
+    prec = net.precision_
     with pytest.raises(ValueError, match="growth_factor"):
         net.set_params(grad_scaler__growth_factor=0.5)
+    assert net.precision_ is prec and net.grad_scaler_ is live
     assert live.get_settings()["growth_factor"] == 4.0 and net.get_params()["grad_scaler__growth_factor"] == 4
+    _assert_one_stored_scaler_setting(net, "growth_factor")
+
+
+def _assert_one_stored_scaler_setting(net, name):
+    """The net's parameter is the one stored copy of ``grad_scaler__<name>``:
+    the precision component keeps none that could go stale (the live scaler
+    holds the running state built from it)."""
+    settings = net.precision_.settings
+    for field, value in vars(settings).items():
+        assert not (isinstance(value, dict) and name in value), f"settings.{field} copies grad_scaler__{name}"
+    assert all(not field.startswith("scaler_") for field in vars(settings))
+
+
+def test_a_rebuilt_scaler_takes_its_settings_from_the_net(classifier_data):
+    # a live setting, then one that rebuilds the scaler: the new scaler is
+    # built from the net's parameters (no copy of them elsewhere to go stale)
+    X, y = classifier_data
+    net = AmpNetClassifier(MLP, amp_enabled=True, amp_dtype="float16", max_epochs=1, batch_size=64,
+                           train_split=None, verbose=0).fit(X[:128], y[:128])
+    net.set_params(grad_scaler__growth_factor=4)
+    net.set_params(grad_scaler__init_scale=128.0)
+    settings = net.grad_scaler_.get_settings()
+    assert (settings["growth_factor"], settings["init_scale"]) == (4.0, 128.0)
+    assert net.grad_scaler_.get_scale() == 128.0
+    net.initialize_grad_scaler()
+    assert net.grad_scaler_.get_settings()["growth_factor"] == 4.0
+    # torch's own scaler: its setter changes the live one
+    net = AmpNetClassifier(MLP, amp_enabled=True, amp_dtype="float16", max_epochs=1, batch_size=64,
+                           train_split=None, verbose=0, grad_scaler=torch.amp.GradScaler).fit(X[:128], y[:128])
+    live = net.grad_scaler_
+    net.set_params(grad_scaler__growth_factor=3.0)
+    assert net.grad_scaler_ is live and live.get_growth_factor() == 3.0
+    _assert_one_stored_scaler_setting(net, "growth_factor")
+    net.set_params(grad_scaler__init_scale=128.0)  # not settable live: a new scaler
+    assert net.grad_scaler_ is not live
+    assert (net.grad_scaler_.get_growth_factor(), net.grad_scaler_.get_scale()) == (3.0, 128.0)

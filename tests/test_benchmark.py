@@ -420,7 +420,7 @@ def test_best_loop_steps_a_fused_optimizer_under_autocast():
 
 
 def test_ampnet_auto_contender_includes_its_probe(monkeypatch):
-    from ampnet.precision import autotune
+    from ampnet.precision import autotune_probe as autotune
     from ampnet_bench import contenders
 
     real = autotune.run_probe
@@ -430,7 +430,7 @@ def test_ampnet_auto_contender_includes_its_probe(monkeypatch):
         result.probe_s = 100.0  # a probe of 100 s: 50 s in each of the 2 measured epochs
         return result
 
-    monkeypatch.setattr("ampnet.net.run_probe", slow_probe)
+    monkeypatch.setattr("ampnet.net_autotune.run_probe", slow_probe)
     cfg, wl, data = _tiny(("ampnet-auto",))
     outcome = contenders.run_contender(_contender("ampnet-auto"), wl, data, cfg)
     assert len(outcome.epoch_times) == 2 and all(50.0 < t < 60.0 for t in outcome.epoch_times)
@@ -454,3 +454,38 @@ def test_new_comparisons_and_their_targets():
     # the fastest peer per round: 1.5 and 1.4 s
     assert full["ampnet_auto_vs_fastest_peer"]["median"] == pytest.approx(1.45)
     assert full["ampnet_auto_vs_fastest_peer"]["target"] == ">= 1.3" and full["ampnet_auto_vs_fastest_peer"]["met"]
+
+
+def test_aa_control_falls_back_to_the_ampnet_fp32_pair():
+    # where the AMP loop does not run (a float32 comparison), AmpNet fp32 run twice is the control
+    records = _records({"ampnet-fp32": [1.0, 2.0], "ampnet-fp32-aa": [1.05, 2.0],
+                        "ampnet-fp32-noguard": [0.98, 1.96]})
+    aa = runner.aa_control(records, 2)
+    assert (aa["a"], aa["b"]) == ("ampnet-fp32", "ampnet-fp32-aa")
+    assert aa["spread"] == pytest.approx(0.05)
+    wl = BenchConfig(workloads=("mlp",)).workload("mlp")
+    comps = {c["key"]: c for c in runner._comparisons(records, wl, 2, spread=aa["spread"])}
+    guard = comps["guard_cost_fp32"]
+    assert guard["per_round"] == pytest.approx([1.0 / 0.98, 2.0 / 1.96])
+    assert guard["verdict"] == "within noise"
+    # the AMP loop's pair wins where both ran
+    both = _records({"raw-amp": [1.0], "raw-amp-aa": [1.2], "ampnet-fp32": [1.0], "ampnet-fp32-aa": [1.0]})
+    assert runner.aa_control(both, 1)["a"] == "raw-amp"
+
+
+def test_monitor_and_noguard_contenders_train_as_labelled():
+    from ampnet_bench.contenders import CONTENDERS, _make_net
+
+    cfg = BenchConfig(workloads=("overhead",), quick=True, threads=1)
+    wl = cfg.workload("overhead")
+    data = wl.make_data(cfg.seed)
+    by = {c.key: c for c in CONTENDERS}
+    nets = {}
+    for key in ("ampnet-fp32", "ampnet-fp32-monitor", "ampnet-fp32-noguard"):
+        nets[key] = _make_net(by[key], wl.build_module(cfg.seed), wl, cfg, max_epochs=1)
+        nets[key].fit(data.X, data.y)
+    assert "grad_norm" in nets["ampnet-fp32-monitor"].history[-1]
+    assert "grad_norm" not in nets["ampnet-fp32"].history[-1]
+    assert nets["ampnet-fp32-noguard"].amp_skip_nonfinite is False
+    assert nets["ampnet-fp32"].amp_skip_nonfinite is True
+    assert not nets["ampnet-fp32-monitor"].precision_policy_.enabled

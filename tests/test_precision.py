@@ -75,7 +75,7 @@ def _component(policy):
     from ampnet.precision.component import Precision
     from ampnet.precision.settings import PrecisionSettings
 
-    return Precision.build(PrecisionSettings(policy=policy))
+    return Precision.build(PrecisionSettings(policy=policy), {})
 
 
 def test_disabled_policy_is_a_no_op():

@@ -33,6 +33,26 @@ def test_grads_are_left_unchanged():
     assert torch.equal(p.grad[:1], before[:1]) and torch.isnan(p.grad[1])
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("sizes", [[300_000], [1000] * 8, [2_000] * 600],
+                         ids=["one-large-tensor", "small-tensors", "many-small-tensors"])
+def test_both_checks_find_any_nonfinite_value(bad, sizes):
+    """Per-tensor sums (large tensors) and torch's fused check (small ones,
+    also above a million values in all on a CPU) agree, position by position."""
+    from ampnet.precision.checks import _fused_check_pays
+
+    params = [param_with_grad(torch.linspace(-1, 1, n).tolist()) for n in sizes]
+    fused = _fused_check_pays(torch.device("cpu"), [p.grad for p in params])
+    assert fused == (sizes[0] < 100_000)
+    assert grads_are_finite(params)
+    for where in (0, len(params) - 1):
+        before = params[where].grad.clone()
+        params[where].grad[-1] = bad
+        assert not grads_are_finite(params)
+        params[where].grad.copy_(before)
+    assert grads_are_finite(params)
+
+
 def test_has_nonfinite_walks_batches():
     assert has_nonfinite((torch.ones(2), {"a": torch.tensor([0.0, float("nan")])}))
     assert not has_nonfinite((torch.ones(2), torch.tensor([1, 2])))

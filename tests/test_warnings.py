@@ -219,9 +219,8 @@ def test_warning_in_a_thread_points_at_the_line_waiting_for_it():
     net = make_net(amp_level="pure")
     with Recorder() as rec:
         worker = threading.Thread(target=net.fit, args=(X, y))
-        worker.start()
         line = here()
-        worker.join()
+        worker.start(); worker.join()  # noqa: E702 (one line, so the main thread is on it when the fit warns)
     (w,) = rec.amp("no effect")
     assert_at(w, line)
 

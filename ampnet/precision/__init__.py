@@ -12,8 +12,9 @@ from ampnet.precision.auto import choice_problem, find_auto_hooks, remove_auto_h
 from ampnet.precision.auto_probe import resolve_auto_fp32
 from ampnet.precision.autotune import (
     AutotuneResult, add_saved_choice, autotune_settings, effective_params, is_auto, plan_saved_choice,
-    read_saved_choice, run_probe,
+    read_saved_choice,
 )
+from ampnet.precision.autotune_probe import run_probe
 from ampnet.precision.compensated import KEY as COMPENSATION_KEY
 from ampnet.precision.compensated import compensation_of, drop_compensation
 from ampnet.precision.checks import grads_by_device_dtype

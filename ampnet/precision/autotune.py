@@ -20,7 +20,7 @@ Candidates
 - for models with 4-D parameters, float32 and mixed again with
   ``memory_format='channels_last'``.
 
-float16 on a CPU is never measured (it is emulated, 10-60x slower than
+float16 on a CPU is never measured (it is emulated, many times slower than
 float32): the table lists it as not measured. An AMP setting other than its
 default narrows the candidates to those that honour it: ``amp_dtype`` fixes
 the dtype, ``amp_level='pure'`` or ``amp_master_weights`` other than True
@@ -30,33 +30,50 @@ case: it is what AMP must beat.
 
 Measurement and choice
 ----------------------
-Each candidate trains ``warmup`` steps (default 1) and then ``steps`` timed
-steps (default 5) on the first training batch (the first ``batch_size``
-rows of the training split, not shuffled), through the net's own training
-step (:func:`ampnet.step.train_step`: the non-finite guard, the loss scaler,
-the optimizer's kernel), without callbacks. Its time is the median of the
-timed steps. A candidate is healthy when its loss and gradients are finite
-and the gradients of its first step (from the same initial weights and batch
-as float32's first step) have a cosine similarity of at least ``min_cosine``
-(default 0.98) with float32's. The fastest healthy candidate wins, but a
-candidate other than float32 only when it is faster than float32 by more
-than ``margin`` (default 0.05: 5%, the run-to-run noise of a few timed
-steps); otherwise the net trains in float32.
+First a screen (:mod:`ampnet.precision.autotune_screen`): one forward pass
+per low-precision dtype against float32's, on the net's own module without
+gradients, in eval mode; a dtype more than 3x slower than float32 (an
+emulated one) is not measured further, and when no AMP candidate is left,
+no copy is built and nothing is timed. Then each candidate trains ``warmup`` steps (default 1) on the first training
+batch (the first ``batch_size`` rows of the training split, not shuffled),
+through the net's own training step (:func:`ampnet.step.train_step`: the
+non-finite guard, the loss scaler, the optimizer's kernel), without
+callbacks. Then the candidates are timed in ``steps`` interleaved rounds
+(default 5): float32, mixed, pure, float32, mixed, pure, ... one step each
+per round, so that a change of the machine's load (another process, a
+frequency change) hits every candidate alike instead of the ones measured
+last. A candidate's ``step_time_s`` is the median of its timed steps; its
+``gain`` over float32 is 1 minus the median of its per-round time ratios to
+float32's, and its ``spread`` the interquartile range of those ratios (the
+measurement's noise, as seen in this probe; 0 with a single round).
+
+A candidate is healthy when its loss and gradients are finite and the
+gradients of its first step (from the same initial weights and batch as
+float32's first step) have a cosine similarity of at least ``min_cosine``
+(default 0.98) with float32's. A healthy AMP candidate qualifies when its
+gain exceeds both ``margin`` (default 0.05: 5%) and its ``spread``; the
+qualifying candidate with the largest gain wins, and the net trains in
+float32 when none qualifies. When a candidate was faster by more than the
+margin but not by more than its spread, the timings were too noisy to
+decide: float32 is kept, and its row's ``reason`` and ``str(amp_autotune_)``
+say so (pin a choice, or probe with more ``steps``).
 
 Cost
 ----
-At most ``(number of candidates) x (warmup + steps)`` training steps, plus
+The screen: 3 forward passes of float32 and 3 per low-precision dtype on
+the first batch (about one training step's worth). At most ``(number of candidates) x (warmup + steps)`` training steps, plus
 up to 8 extra warm-up steps for a float16 candidate whose loss scale is
 still settling: with the defaults 3 candidates x 6 = 18 steps for a model
 without 4-D parameters, 5 x 6 = 30 for a convolutional one. A candidate
-whose median step time so far is 1.5x float32's or more stops after that
-timed step (it cannot win): where AMP does not pay off, the probe costs
-about 6 + 2 per AMP candidate steps (10 for an MLP). The table's ``steps``
-column says how many steps each candidate ran. One copy of
-the module and the optimizers exists at a time besides the net's own (the
-memory of one more model and optimizer state), plus float32's first
-gradients (one float32 value per parameter) for the health check. The probe's wall time is
-``amp_autotune_.probe_s``.
+whose timed steps were more than 1.5x float32's in every round of the
+first two or more stops being timed (it cannot win): where AMP is clearly
+slower, the probe costs 6 + 3 steps per AMP candidate (12 for an MLP). The
+table's ``steps`` column says how many steps each candidate ran. One copy
+of the module and the optimizers per measured candidate exists during the
+probe besides the net's own (3 for an MLP, 5 for a convolutional model:
+the rounds need them all at once), plus float32's first gradients (one
+float32 value per parameter) for the health check; they are freed when
+the probe ends. The probe's wall time is ``amp_autotune_.probe_s``.
 
 Settings (``amp_autotune__<name>``)
 -----------------------------------
@@ -85,15 +102,12 @@ choice is used on every rank.
 from __future__ import annotations
 
 import difflib
-import statistics
-import time
-import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 import torch
 
-from ampnet.exceptions import AmpWarning
+from ampnet.precision.autotune_screen import SCREEN_SLOWER
 from ampnet.validation import describe, is_bool, is_int, is_number
 
 __all__ = [
@@ -108,7 +122,6 @@ __all__ = [
     "effective_params",
     "candidate_params",
     "choose",
-    "run_probe",
     "read_saved_choice",
     "add_saved_choice",
     "plan_saved_choice",
@@ -125,9 +138,14 @@ AUTOTUNE_DEFAULTS: dict[str, Any] = {"steps": 5, "warmup": 1, "margin": 0.05, "m
 
 _EXTRA_WARMUP = 8  # steps a float16 candidate may take to reach finite gradients
 
-#: A candidate whose timed steps are this many times slower than float32's
-#: (median so far) stops being timed: it cannot win.
+#: A candidate whose timed steps were more than this many times slower than
+#: float32's in each of the first :data:`MIN_ROUNDS` rounds or more stops
+#: being timed: it cannot win.
 SLOWER = 1.5
+
+#: Rounds a candidate is always timed in before it may stop (one slow round
+#: on a loaded machine does not rule it out).
+MIN_ROUNDS = 2
 
 AMP_ENABLED_CHOICES = (True, False, "auto")
 
@@ -249,8 +267,15 @@ class AutotuneResult:
       ``step_time_s`` (median seconds per step; None if not measured),
       ``healthy`` (None if not measured), ``grad_cosine`` (with float32's
       gradients), ``steps`` (training steps run, warm-up included),
-      ``chosen`` and ``reason`` (why it is unhealthy, not
-      measured or not chosen; None for the chosen one).
+      ``forward_ratio`` (AMP candidates: the screen's forward-pass time
+      in their dtype over float32's, see
+      :mod:`ampnet.precision.autotune_screen`; absent where the screen did
+      not run), ``gain`` and ``spread`` (an AMP candidate's gain over float32 and
+      the noise of that measurement, fractions; None if not measured or
+      for float32), ``chosen`` and ``reason`` (why it is unhealthy, not
+      measured or not chosen, e.g. too noisy to decide; None for the
+      chosen one). The float32 row's ``noisy`` is True when float32 was
+      kept because the timings were too noisy to decide.
 
     device : str
       The device measured on.
@@ -287,13 +312,15 @@ class AutotuneResult:
         head = f"amp_enabled='auto' on {self.device}: chose {self.chosen}"
         if self.source != "probe" or not self.table:
             return head + " (a saved choice; no probe ran)"
-        header = ("candidate", "step ms", "steps", "healthy", "grad cos", "note")
+        header = ("candidate", "step ms", "vs float32", "steps", "healthy", "grad cos", "note")
         rows = []
         for row in self.table:
             time_s, healthy, cos = row.get("step_time_s"), row.get("healthy"), row.get("grad_cosine")
+            gain, noise = row.get("gain"), row.get("spread")
             rows.append((
                 label(row["params"]),
                 "-" if time_s is None else f"{time_s * 1000:.2f}",
+                "-" if gain is None else f"{-gain:+.1%} \u00b1{(noise or 0) / 2:.1%}",
                 str(row.get("steps") or "-"),
                 "-" if healthy is None else ("yes" if healthy else "no"),
                 "-" if cos is None else f"{cos:.4f}",
@@ -305,13 +332,26 @@ class AutotuneResult:
             lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
         measured = sum(r.get("step_time_s") is not None for r in self.table)
         total = sum(r.get("steps") or 0 for r in self.table)
+        screened = [r["forward_ratio"] for r in self.table if r.get("forward_ratio") is not None]
+        if screened:
+            lines.append(
+                f"screen: a forward pass per low-precision dtype against float32's, {max(screened):.1f}x at "
+                f"most; a dtype more than {SCREEN_SLOWER:g}x slower is not measured (it cannot pay off).")
+        if not total:
+            lines.append(f"probe: no training step timed (nothing left to compare with float32), "
+                         f"{self.probe_s:.2f} s.")
+            return "\n".join(lines)
         lines.append(
             f"probe: {total} training steps of {measured} candidates ({self.warmup} warm-up + up to "
-            f"{self.steps} timed each) on the first training batch, {self.probe_s:.2f} s; AMP is "
-            "chosen only when faster than "
-            f"float32 by more than {self.margin:.0%}, with gradients agreeing with float32's "
-            f"(cosine >= {self.min_cosine:g})."
+            f"{self.steps} timed each) on the first training batch, timed in interleaved rounds, "
+            f"{self.probe_s:.2f} s; AMP is chosen only when faster than float32 by more than "
+            f"{self.margin:.0%} and by more than the spread of its timings across the rounds, with "
+            f"gradients agreeing with float32's (cosine >= {self.min_cosine:g})."
         )
+        if self.table[0].get("noisy"):
+            lines.append(
+                "The timings were too noisy to decide (the machine is busy?): float32 was kept. Fix: "
+                "pin a choice (amp_enabled=True or False), or probe longer (amp_autotune__steps).")
         return "\n".join(lines)
 
 
@@ -389,7 +429,7 @@ def candidate_params(net: Any) -> list[tuple[dict[str, Any], str | None]]:
         params = {"amp_enabled": True, "amp_dtype": dtype_name(dtype), **extra}
         reason = None
         if device.type == "cpu" and dtype == torch.float16:
-            reason = ("not measured: float16 on a CPU is emulated, typically 10-60x slower than "
+            reason = ("not measured: float16 on a CPU is emulated, many times slower than "
                       "float32")
         out.append((params, reason))
     return out
@@ -403,20 +443,45 @@ def choose(table: list[dict[str, Any]], margin: float) -> int:
     the float32 baseline first); set each row's ``chosen`` and, for those
     not chosen, a ``reason``. Returns the chosen row's index.
 
-    The fastest healthy row wins; a row other than the baseline only when
-    its ``step_time_s`` is below the baseline's by more than ``margin``
-    (a fraction); the baseline wins otherwise.
+    A row's gain over float32 is its ``gain`` (1 minus the median of its
+    per-round time ratios to float32's), or, without one, ``1 -
+    step_time_s / float32's``. A row other than the baseline qualifies when
+    it is healthy and its gain exceeds both ``margin`` (a fraction) and its
+    ``spread`` (the timings' noise; 0 when absent). The qualifying row with
+    the largest gain wins; the baseline wins when none qualifies (its
+    ``noisy`` is then True when a row was faster by more than ``margin`` but
+    not by more than its spread: too noisy to decide).
     """
     base = table[0]
-    healthy = [i for i, row in enumerate(table) if row.get("healthy") and row.get("step_time_s") is not None]
-    best = min(healthy, key=lambda i: (table[i]["step_time_s"], i)) if healthy else 0
     base_time = base.get("step_time_s")
-    if best != 0 and base.get("healthy") and base_time is not None:
-        gain = 1 - table[best]["step_time_s"] / base_time if base_time > 0 else 0.0
-        if gain <= margin:
-            table[best]["reason"] = (
-                f"{gain:.1%} faster than float32, within the {margin:.0%} noise margin: not worth it")
-            best = 0
+
+    def gain_of(row: dict[str, Any]) -> float | None:
+        if row.get("gain") is not None:
+            return float(row["gain"])
+        if row.get("step_time_s") is None or not base_time or base_time <= 0:
+            return None
+        return 1 - row["step_time_s"] / base_time
+
+    best, best_gain, noisy = 0, None, False
+    if base.get("healthy") and base_time is not None:
+        for i, row in enumerate(table[1:], start=1):
+            gain = gain_of(row)
+            if not row.get("healthy") or row.get("step_time_s") is None or gain is None:
+                continue
+            noise = float(row.get("spread") or 0.0)
+            if gain <= margin:
+                row["reason"] = (f"{gain:.1%} faster than float32, within the {margin:.0%} noise margin: "
+                                 "not worth it") if gain > 0 else None
+            elif gain <= noise:
+                noisy = True
+                row["reason"] = (f"{gain:.1%} faster than float32, but its timings spread by {noise:.1%} "
+                                 "across the rounds: too noisy to decide, float32 kept")
+            elif best_gain is None or gain > best_gain:
+                best, best_gain = i, gain
+    elif not base.get("healthy"):
+        healthy = [i for i, row in enumerate(table) if row.get("healthy") and row.get("step_time_s") is not None]
+        best = min(healthy, key=lambda i: (table[i]["step_time_s"], i)) if healthy else 0
+    base["noisy"] = noisy and best == 0
     for i, row in enumerate(table):
         row["chosen"] = i == best
         if i == best:
@@ -426,177 +491,6 @@ def choose(table: list[dict[str, Any]], margin: float) -> int:
             row["reason"] = (f"slower than {label(table[best]['params'])}"
                              if faster is not None and row.get("step_time_s") is not None else "not chosen")
     return best
-
-
-# ---- the probe ----------------------------------------------------------------------
-
-
-class _Refused(Exception):
-    """A candidate this net cannot train with (its settings are refused)."""
-
-
-class _GradCapture:
-    """A stand-in callback list entry: keeps the first finite gradients of
-    the probe's training steps, as float32 by name."""
-
-    def __init__(self) -> None:
-        self.grads: dict[str, torch.Tensor] | None = None
-        self.nonfinite = False
-
-    def on_grad_computed(self, net: Any, named_parameters: Any, **kwargs: Any) -> None:
-        grads = {n: p.grad.detach().float().flatten().clone() for n, p in named_parameters if p.grad is not None}
-        finite = all(bool(torch.isfinite(g).all()) for g in grads.values())
-        if not finite:
-            self.nonfinite = True
-        elif self.grads is None:
-            self.grads = grads
-
-
-def _cosine(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> float:
-    names = [n for n in a if n in b and a[n].numel() == b[n].numel()]
-    if not names:
-        return 1.0
-    x = torch.cat([a[n].to(b[n].device) for n in names]).double()
-    y = torch.cat([b[n] for n in names]).double()
-    nx, ny = x.norm(), y.norm()
-    if float(nx) == 0.0 and float(ny) == 0.0:
-        return 1.0
-    if float(nx) == 0.0 or float(ny) == 0.0:
-        return 0.0
-    return float(x @ y / (nx * ny))
-
-
-def wall_timer(device: torch.device) -> Callable[[dict, Callable[[], Any]], float]:
-    """The default timer: wall-clock seconds of one step, synchronized on CUDA."""
-
-    def timer(params: dict, step: Callable[[], Any]) -> float:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        return time.perf_counter() - start
-
-    return timer
-
-
-def _first_batch(net: Any, X: Any, y: Any, **fit_params: Any) -> Any:
-    """The first ``batch_size`` rows of the training split, not shuffled."""
-    dataset, _ = net.get_split_datasets(X, y, **fit_params)
-    kwargs = net.get_params_for("iterator_train")
-    for key in ("shuffle", "generator", "sampler", "batch_sampler"):
-        kwargs.pop(key, None)
-    if "batch_size" not in kwargs:
-        kwargs["batch_size"] = net.batch_size
-    if kwargs["batch_size"] == -1:
-        kwargs["batch_size"] = len(dataset)
-    try:
-        return next(iter(net.iterator_train(dataset, **kwargs)))
-    except StopIteration:
-        raise ValueError(
-            "amp_enabled='auto' needs at least one training sample to measure, but the "
-            "training split is empty. Fix: pass training data, or set amp_enabled to True or False."
-        ) from None
-
-
-def _measure(net: Any, params: dict[str, Any], batch: Any, settings: dict[str, Any],
-             timer: Callable[[dict, Callable[[], Any]], float],
-             limit: float | None = None) -> tuple[float, bool, str | None, _GradCapture, int]:
-    """Train a copy of ``net`` with ``params`` on ``batch``: (median step
-    seconds, finite, reason if not, the gradient capture). Timing stops
-    early once the median exceeds ``limit`` seconds."""
-    try:
-        probe = net.autotune_copy(params)
-    except (ValueError, TypeError) as exc:  # settings this net cannot train with
-        raise _Refused(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
-    capture = _GradCapture()
-    probe.__dict__["callbacks_"] = [("ampnet_autotune", capture)]
-    losses: list[torch.Tensor] = []
-
-    probe.history.new_epoch()
-
-    def step() -> None:
-        probe.history.new_batch()
-        losses.append(probe.train_step(batch)["loss"].detach())
-
-    times = []
-    warm = settings["warmup"]
-    i = 0
-    while i < warm or (capture.nonfinite and capture.grads is None and i < warm + _EXTRA_WARMUP
-                       and probe.precision_.scaling):
-        step()
-        i += 1
-    for _ in range(settings["steps"]):
-        times.append(float(timer(dict(params), step)))
-        if limit is not None and statistics.median(times) > limit:
-            break  # clearly slower than float32: no need to time it further
-    finite = bool(torch.isfinite(torch.stack([loss.float().reshape(-1)[0] for loss in losses])).all())
-    reason = None
-    if not finite:
-        reason = "unhealthy: the loss is not finite"
-    elif capture.grads is None and capture.nonfinite:
-        reason = "unhealthy: the gradients are not finite"
-    return statistics.median(times), reason is None, reason, capture, len(losses)
-
-
-def run_probe(net: Any, X: Any, y: Any = None, **fit_params: Any) -> AutotuneResult:
-    """Measure the candidates of an initialized ``'auto'`` net (see the
-    module's docstring) and return the result; nothing of ``net`` changes
-    (its random state is restored)."""
-    from ampnet.io.rng import get_rng_state, set_rng_state
-
-    settings = autotune_settings(net.get_params_for("amp_autotune"))
-    device = torch.device(net.device or "cpu")
-    timer = settings["timer"] or wall_timer(device)
-    started = time.perf_counter()
-    rng = get_rng_state()
-    table: list[dict[str, Any]] = []
-    try:
-        batch = _first_batch(net, X, y, **fit_params)
-        reference = None
-        for params, skip in candidate_params(net):
-            row: dict[str, Any] = {"params": params, "step_time_s": None, "healthy": None,
-                                   "grad_cosine": None, "steps": 0, "reason": skip}
-            table.append(row)
-            if skip:
-                continue
-            baseline = reference is None
-            try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", AmpWarning)
-                    limit = None if baseline else table[0]["step_time_s"] * SLOWER
-                    seconds, healthy, reason, capture, ran = _measure(net, params, batch, settings, timer, limit)
-            except _Refused as exc:
-                if baseline:
-                    raise exc.__cause__ from None
-                row["reason"] = f"not possible: {exc}"
-                continue
-            except Exception as exc:
-                if baseline:
-                    raise
-                row.update(healthy=False, reason=f"unhealthy: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
-                continue
-            row.update(step_time_s=seconds, healthy=healthy, reason=reason, steps=ran)
-            if baseline:
-                reference = capture.grads
-                row["grad_cosine"] = 1.0 if reference is not None else None
-            elif healthy and reference is not None and capture.grads is not None:
-                cos = _cosine(capture.grads, reference)
-                row["grad_cosine"] = cos
-                if cos < settings["min_cosine"]:
-                    row.update(healthy=False, reason=(
-                        f"unhealthy: gradient cosine similarity with float32 {cos:.4f} < "
-                        f"{settings['min_cosine']:g}"))
-            del capture
-    finally:
-        set_rng_state(rng)
-    best = choose(table, settings["margin"])
-    return AutotuneResult(
-        params=dict(table[best]["params"]), table=table, device=str(device),
-        steps=settings["steps"], warmup=settings["warmup"], margin=settings["margin"],
-        min_cosine=settings["min_cosine"], probe_s=time.perf_counter() - started,
-    )
 
 
 # ---- saved choices ------------------------------------------------------------------

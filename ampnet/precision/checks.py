@@ -10,8 +10,21 @@ __all__ = ["nonfinite_grads", "grads_are_finite", "grads_by_device_dtype"]
 
 #: Up to this many gradient values per device and dtype, one fused kernel
 #: checks them (fewest dispatches); above, one sum per tensor (read-only,
-#: about half the memory traffic).
+#: about half the memory traffic: the fused check writes every value back).
 _FUSED_CHECK_MAX_NUMEL = 1 << 20
+
+#: On a CPU, where a dispatch costs about as much as reading a few hundred
+#: thousand values, one sum per tensor once the tensors hold more than this
+#: many values on average, whatever their total; the fused check otherwise.
+_CPU_SUM_MIN_PER_TENSOR = 1 << 18
+
+
+def _fused_check_pays(device: torch.device, grads: list[torch.Tensor]) -> bool:
+    """Whether one fused check of ``grads`` beats one sum per tensor."""
+    numel = sum(g.numel() for g in grads)
+    if device.type == "cpu":
+        return numel <= _CPU_SUM_MIN_PER_TENSOR * len(grads)
+    return numel <= _FUSED_CHECK_MAX_NUMEL
 
 
 def grads_by_device_dtype(params: Iterable[torch.Tensor]) -> dict[tuple[torch.device, torch.dtype], list[torch.Tensor]]:
@@ -33,15 +46,16 @@ def nonfinite_grads(params: Iterable[torch.Tensor], device: torch.device | None 
     """A float32 scalar tensor, > 0 when a gradient of ``params`` holds NaN
     or inf; computed on the device, without a host read.
 
-    The gradients are left bitwise unchanged. Small gradient sets are
-    checked with torch's fused non-finite check; large ones with one sum
-    per tensor (NaN and inf propagate into it), so a gradient whose finite
-    values sum beyond the float32 range also counts as non-finite.
+    The gradients are left bitwise unchanged. Small gradient sets (on a
+    CPU: sets of small tensors) are checked with torch's fused non-finite
+    check; large ones with one sum per tensor (NaN and inf propagate into
+    it), so a gradient whose finite values sum beyond the float32 range also
+    counts as non-finite.
     """
     groups = grads_by_device_dtype(params)
     flags = []
     for (dev, _), grads in groups.items():
-        if sum(g.numel() for g in grads) <= _FUSED_CHECK_MAX_NUMEL:
+        if _fused_check_pays(dev, grads):
             found = torch.zeros((), dtype=torch.float32, device=dev)
             one = torch.ones((), dtype=torch.float32, device=dev)
             torch._amp_foreach_non_finite_check_and_unscale_(grads, found, one)

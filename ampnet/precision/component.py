@@ -17,7 +17,8 @@ one host read of a step), ``step_context`` (fused optimizers),
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any, Collection, Iterator, NamedTuple, Sequence
+import dataclasses
+from typing import TYPE_CHECKING, Any, Collection, Iterator, Mapping, NamedTuple, Sequence
 
 import torch
 from skorch.utils import to_tensor
@@ -42,7 +43,7 @@ from ampnet.precision.policy import PrecisionPolicy, parse_amp_dtype, resolve_pr
 from ampnet.precision.regions import AutocastRegion, install_region, regions_of, remove_regions
 from ampnet.precision.scaler import GradScaler, copy_to_device, move_scaler
 from ampnet.precision.selectors import AUTO, parse_selectors
-from ampnet.precision.settings import PrecisionSettings, init_param_names
+from ampnet.precision.settings import PrecisionSettings, init_param_names, scaling_enabled
 
 if TYPE_CHECKING:
     from ampnet.precision.memory import MemoryReport
@@ -112,9 +113,10 @@ class Precision:
         self._found: dict[int, torch.Tensor] = {}
 
     @classmethod
-    def build(cls, settings: PrecisionSettings, scaler: GradScaler | None = None) -> "Precision":
-        """A new component; ``scaler`` (an existing one) is kept if given."""
-        return cls(settings, scaler if scaler is not None else build_scaler(settings))
+    def build(cls, settings: PrecisionSettings, scaler_params: Mapping[str, Any]) -> "Precision":
+        """A new component with a new scaler (:func:`build_scaler`;
+        ``scaler_params``: the net's ``grad_scaler__*`` settings)."""
+        return cls(settings, build_scaler(settings, scaler_params))
 
     @property
     def policy(self) -> PrecisionPolicy:
@@ -306,10 +308,10 @@ class Precision:
         """Re-target the scaler and the regions after the net moved device
         type (a CUDA net loaded on a CPU)."""
         if self.policy.enabled and self.policy.device_type != device_type:
-            self.settings = type(self.settings)(**{
-                **self.settings.__dict__,
-                "policy": resolve_precision(True, self.policy.compute_dtype, device_type, self.policy.level),
-            })
+            self.settings = dataclasses.replace(  # its fields only (a pickle may hold more)
+                self.settings,
+                policy=resolve_precision(True, self.policy.compute_dtype, device_type, self.policy.level),
+            )
         move_scaler(self.scaler, device_type)
         if isinstance(module, torch.nn.Module):
             for region in regions_of(module_root(module)).values():
@@ -512,10 +514,14 @@ def _compensated_step(optimizer: torch.optim.Optimizer, found: torch.Tensor | No
                 yield
 
 
-def build_scaler(settings: PrecisionSettings) -> GradScaler:
+def build_scaler(settings: PrecisionSettings, scaler_params: Mapping[str, Any]) -> GradScaler:
     """The loss scaler that ``settings`` ask for, on the policy's device type.
 
-    A class is built with the ``grad_scaler__*`` settings. An instance is a
+    ``scaler_params`` are the net's ``grad_scaler__*`` settings without the
+    prefix (``net.get_params_for('grad_scaler')``), which
+    :func:`~ampnet.precision.settings.read_settings` has checked: the net's
+    parameters are their one stored copy, read here when a scaler is built.
+    A class is built with them. An instance is a
     hyper-parameter: the net trains a copy on its own device type (``fit``
     must not change the instance, and clones must not share a training
     state). Where no loss scaling runs (AMP off, bfloat16) the copy is
@@ -526,10 +532,12 @@ def build_scaler(settings: PrecisionSettings) -> GradScaler:
 
     from ampnet.exceptions import amp_warn
 
-    policy, scaler, kwargs = settings.policy, settings.scaler, dict(settings.scaler_kwargs)
-    enabled = settings.uses_scaler
+    policy, scaler = settings.policy, settings.scaler
+    kwargs = {k: v for k, v in scaler_params.items() if k != "enabled"}
+    forced = scaler_params.get("enabled")
+    enabled = scaling_enabled(policy, scaler_params)
     if isinstance(scaler, torch.amp.GradScaler):
-        if kwargs or settings.scaler_enabled is not None or (scaler.is_enabled() and not enabled):
+        if kwargs or forced is not None or (scaler.is_enabled() and not enabled):
             scaler = _construct(type(scaler), policy.device_type, **{
                 **scaler_settings(scaler), **kwargs, "enabled": enabled,
             })
@@ -538,7 +546,7 @@ def build_scaler(settings: PrecisionSettings) -> GradScaler:
     else:
         scaler = _construct(scaler, policy.device_type, enabled=enabled, **kwargs)
     if policy.uses_scaler and not scaler.is_enabled():
-        cause = ("grad_scaler__enabled=False" if settings.scaler_enabled is False
+        cause = ("grad_scaler__enabled=False" if forced is not None and not forced
                  else "the grad_scaler instance passed is disabled")
         amp_warn(
             f"float16 training without loss scaling ({cause}): "

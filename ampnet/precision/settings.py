@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 import torch
@@ -22,7 +22,9 @@ from ampnet.precision.scaler import GradScaler
 from ampnet.precision.scaler_checks import validate_scaler_settings
 from ampnet.precision.selectors import parse_selectors
 
-__all__ = ["PrecisionSettings", "read_settings", "PRECISION_PARAMS", "MEMORY_FORMATS", "MASTER_WEIGHTS"]
+__all__ = [
+    "PrecisionSettings", "read_settings", "scaling_enabled", "PRECISION_PARAMS", "MEMORY_FORMATS", "MASTER_WEIGHTS",
+]
 
 #: Net parameters that the precision component is built from.
 PRECISION_PARAMS = (
@@ -49,11 +51,15 @@ MASTER_WEIGHTS = (True, False, "compensated")
 class PrecisionSettings:
     """A net's precision parameters, checked.
 
-    ``scaler_kwargs`` are the ``grad_scaler__*`` settings other than
-    ``enabled``; ``scaler_enabled`` is that one (None: float16 decides).
     ``master_weights`` says whether float32 masters are kept,
     ``compensated`` whether low-precision weights are compensated instead
-    (``amp_master_weights='compensated'``).
+    (``amp_master_weights='compensated'``). ``scaler`` is the net's
+    ``grad_scaler`` (the class, or the instance itself: no copy).
+
+    The ``grad_scaler__*`` settings are not kept here: the net's parameters
+    are their one stored copy (``get_params()``), and the live scaler holds
+    the running state built from them (:func:`~ampnet.precision.component.build_scaler`
+    takes them from the net when it builds one).
     """
 
     policy: PrecisionPolicy
@@ -64,13 +70,14 @@ class PrecisionSettings:
     memory_format: str = "preserve"
     skip_nonfinite: bool = True
     scaler: Any = GradScaler
-    scaler_kwargs: dict = field(default_factory=dict)
-    scaler_enabled: bool | None = None
 
-    @property
-    def uses_scaler(self) -> bool:
-        """Whether the loss scaler is enabled."""
-        return self.policy.uses_scaler if self.scaler_enabled is None else self.scaler_enabled
+
+def scaling_enabled(policy: PrecisionPolicy, scaler_params: Mapping[str, Any]) -> bool:
+    """Whether the loss scaler is enabled: ``grad_scaler__enabled`` where
+    set (``scaler_params`` are the ``grad_scaler__*`` settings without the
+    prefix), else whether ``policy`` computes in float16."""
+    forced = scaler_params.get("enabled")
+    return policy.uses_scaler if forced is None else bool(forced)
 
 
 def read_settings(params: Mapping[str, Any]) -> PrecisionSettings:
@@ -126,11 +133,8 @@ def read_settings(params: Mapping[str, Any]) -> PrecisionSettings:
         )
     parse_selectors(params.get("amp_fp32_modules"), "amp_fp32_modules")
     parse_selectors(params.get("amp_modules"), "amp_modules")
-    kwargs = _scaler_kwargs(scaler, params)
-    forced = kwargs.pop("enabled", None)
-    if forced is not None:
-        forced = bool(forced)
-    if forced and not policy.enabled:
+    scaler_params = _scaler_params(scaler, params)
+    if scaler_params.get("enabled") and not policy.enabled:
         raise ValueError(
             "grad_scaler__enabled=True needs amp_enabled=True: loss scaling protects "
             "low-precision gradients and does nothing for float32 training. Fix: set "
@@ -145,25 +149,24 @@ def read_settings(params: Mapping[str, Any]) -> PrecisionSettings:
         memory_format=memory_format,
         skip_nonfinite=bool(skip),
         scaler=scaler,
-        scaler_kwargs=kwargs,
-        scaler_enabled=forced,
     )
+    uses_scaler = scaling_enabled(policy, scaler_params)
     ampnet_scaler = isinstance(scaler, GradScaler) or (isinstance(scaler, type) and issubclass(scaler, GradScaler))
-    if compensated and settings.uses_scaler and not ampnet_scaler:
+    if compensated and uses_scaler and not ampnet_scaler:
         raise ValueError(
             "amp_master_weights='compensated' with float16 loss scaling unscales float16 "
             "gradients in place, which torch.amp.GradScaler refuses. Fix: "
             "grad_scaler=ampnet.GradScaler (the default), or amp_dtype='bfloat16'."
         )
     if (policy.enabled and policy.level == "pure" and not settings.master_weights
-            and not compensated and settings.uses_scaler):
+            and not compensated and uses_scaler):
         raise ValueError(
             "amp_level='pure' with amp_master_weights=False and float16 loss scaling: "
             "the loss scaler cannot unscale float16 gradients in place. Fix: keep "
             "amp_master_weights=True, use amp_master_weights='compensated' (float16 "
             "gradients are unscaled in place), or use amp_dtype='bfloat16'."
         )
-    if settings.uses_scaler:
+    if uses_scaler:
         _check_scaler_device(scaler, policy.device_type)
     return settings
 
@@ -206,8 +209,9 @@ def _check_scaler_device(scaler: Any, device_type: str) -> None:
         )
 
 
-def _scaler_kwargs(scaler: Any, params: Mapping[str, Any]) -> dict[str, Any]:
-    """The ``grad_scaler__*`` settings, checked against the scaler class."""
+def _scaler_params(scaler: Any, params: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``grad_scaler__*`` settings without the prefix, checked against
+    the scaler class (to check them: :class:`PrecisionSettings` keeps none)."""
     kwargs = {k[len("grad_scaler__"):]: v for k, v in params.items() if k.startswith("grad_scaler__")}
     cls = scaler if isinstance(scaler, type) else type(scaler)
     valid = init_param_names(cls, exclude=("self", "device"))
