@@ -153,8 +153,8 @@ def _verdict(net: Any, device: str) -> str:
     screened = [r["forward_ratio"] for r in result.table[1:]
                 if r.get("forward_ratio") is not None and not r.get("steps")]
     if screened and not any(r.get("steps") for r in result.table[1:]):
-        found = (f"its forward pass in low precision took {min(screened):.1f}x float32's, so no AMP "
-                 "setting was worth timing")
+        found = (f"its forward pass in low precision took {min(screened):.1f}x float32's, too slow for "
+                 "any AMP setting to be worth timing")
     else:
         found = f"no AMP setting beat float32 by more than {result.margin:.0%} in the probe"
     return (f"AMP does not pay off for this model on this machine: {found}, so amp_enabled='auto' "
