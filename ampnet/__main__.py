@@ -86,13 +86,25 @@ def _train(label: str, amp: dict, args: argparse.Namespace, data: tuple) -> tupl
     ), net
 
 
+def _device(value: str) -> str:
+    """``--device``: a torch device string (argparse reports the error)."""
+    try:
+        torch.device(value)
+    except (RuntimeError, TypeError):
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a torch device; use cpu, cuda, cuda:<index> or mps") from None
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ampnet", description=__doc__)
-    parser.add_argument("--epochs", type=int, default=6)
+    parser.add_argument("--epochs", type=int, default=6, help="training epochs of each run (default: 6)")
     parser.add_argument("--hidden", type=int, default=512,
                         help="width of the hidden layers (wider: more room for AMP to pay off)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", type=_device, default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="torch device, e.g. cpu, cuda, cuda:1 (default: cuda where available, else cpu)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the train/test split and of the weights (default: 0)")
     args = parser.parse_args(argv)
 
     X, y = load_digits(return_X_y=True)

@@ -7,17 +7,24 @@ skorch trains on, silently, with two mistakes that a new user makes:
   returns logits: the log of negative values is NaN, and training ends with
   garbage (issue 16: 0.25-0.64 accuracy on scikit-learn's wine, NaN log loss);
 - ``y`` holds floats where ``CrossEntropyLoss`` or ``NLLLoss`` need class
-  indices: torch raises "expected scalar type Long but found Float".
+  indices: torch raises "expected scalar type Long but found Float";
+- the reverse of the first: ``criterion=CrossEntropyLoss`` with a module
+  that already returns probabilities (a softmax in ``forward``): the softmax
+  is applied twice, training slows down, and ``predict_proba`` squashes the
+  probabilities towards uniform ones.
 
 :func:`check_loss_inputs` names the mistake and the fix: an
 :class:`~ampnet.exceptions.AmpWarning` for the first (training goes on, as
 skorch's, whose own tests fit such nets to exercise other features), a
 ``ValueError`` for the second (in place of torch's error). The net calls it in ``get_loss`` for the first training batch of each
 ``fit`` or ``partial_fit`` only: a reduction of the batch's outputs and one
-read on the host, for a classifier with ``NLLLoss``; none otherwise.
+read on the host, for a classifier with ``NLLLoss`` or
+``CrossEntropyLoss``; none otherwise.
 Outputs that are probabilities (a softmax in ``forward``), binary
 classifiers (``BCEWithLogitsLoss``) and probability targets for
-``CrossEntropyLoss`` (``y`` of the output's shape) pass.
+``CrossEntropyLoss`` (``y`` of the output's shape) pass. With
+``CrossEntropyLoss``, outputs count as probabilities only when every row
+of the batch (two rows at least) is non-negative and sums to 1.
 
 :func:`check_loss_value` refuses, at every ``get_loss``, a criterion that
 returns no floating tensor (a tuple, a Python number), which ``backward``
@@ -33,11 +40,15 @@ from skorch.classifier import NeuralNetClassifier
 
 from ampnet.exceptions import amp_warn
 
-__all__ = ["check_loss_inputs", "check_loss_value", "PROBABILITY_TOLERANCE"]
+__all__ = ["check_loss_inputs", "check_loss_value", "PROBABILITY_TOLERANCE", "SOFTMAX_TOLERANCE"]
 
 #: How far a row of probabilities may sum from 1 (float16 and bfloat16
 #: softmax outputs sum to 1 within a few 1e-3).
 PROBABILITY_TOLERANCE = 0.05
+
+#: How far a row may sum from 1 to count as a softmax's output under
+#: ``CrossEntropyLoss`` (logits that all happen to sum to 1 are unlikely).
+SOFTMAX_TOLERANCE = 0.01
 
 _CLASS_INDEX_LOSSES = (torch.nn.CrossEntropyLoss, torch.nn.NLLLoss)
 
@@ -78,7 +89,7 @@ def _check_probabilities(net: Any, y_pred: torch.Tensor) -> bool:
     sums = sums[finite]
     amp_warn(
         f"{type(net).__name__} trains with criterion=NLLLoss (skorch's default for a "
-        "classifier), which takes the log of the module's output as class probabilities, but "
+        "classifier, unless criterion is set), which takes the log of the module's output as class probabilities, but "
         f"{_module_name(net)} does not return probabilities: on the first training batch its "
         f"outputs range from {float(rows.min()):.3g} to {float(rows.max()):.3g} and its rows "
         f"sum to {float(sums.min()):.3g} ... {float(sums.max()):.3g}, not 1 (logits?). Training "
@@ -87,6 +98,25 @@ def _check_probabilities(net: Any, y_pred: torch.Tensor) -> bool:
         "the module's forward with torch.softmax(..., dim=-1)."
     )
     return True
+
+
+def _check_not_softmaxed(net: Any, y_pred: torch.Tensor, y_true: Any) -> None:
+    if y_pred.dim() != 2 or not y_pred.is_floating_point() or y_pred.shape[0] < 2 or y_pred.shape[1] < 2:
+        return
+    if isinstance(y_true, torch.Tensor) and y_true.dim() == y_pred.dim():  # probability targets
+        return
+    pred = y_pred.detach().float()
+    sums = pred.sum(dim=1)
+    if not bool(((pred.amin() >= 0) & ((sums - 1).abs().amax() <= SOFTMAX_TOLERANCE))):  # the one host read
+        return
+    amp_warn(
+        f"{type(net).__name__} trains with criterion=CrossEntropyLoss, which applies a softmax "
+        f"to the module's output itself, but {_module_name(net)} already returns probabilities: "
+        "on the first training batch its outputs are >= 0 and every row sums to 1. The softmax "
+        "is applied twice: training slows down and predict_proba squashes the probabilities "
+        "towards uniform ones. Fix: return logits (drop the final softmax from forward), or keep "
+        "it and use criterion=torch.nn.NLLLoss (skorch's default for a classifier)."
+    )
 
 
 def check_loss_inputs(net: Any, y_pred: Any, y_true: Any) -> bool:
@@ -117,6 +147,8 @@ def check_loss_inputs(net: Any, y_pred: Any, y_true: Any) -> bool:
     _check_target(net, criterion, y_pred, y_true)
     if isinstance(net, NeuralNetClassifier) and isinstance(criterion, torch.nn.NLLLoss):
         return _check_probabilities(net, y_pred)
+    if isinstance(net, NeuralNetClassifier) and isinstance(criterion, torch.nn.CrossEntropyLoss):
+        _check_not_softmaxed(net, y_pred, y_true)
     return False
 
 

@@ -61,3 +61,16 @@ def test_demo_prints_progress_and_table(tmp_path):
         assert verdict.startswith(f"AMP pays off on this machine: {chosen} ran ")
     assert any(line.startswith("Pin the choice with AmpNetClassifier(..., **net.amp_autotune_.params)")
                for line in lines)
+
+
+def test_demo_refuses_a_device_that_is_not_a_torch_device(capsys):
+    from ampnet.__main__ import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--device", "bogus"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == (
+        "python -m ampnet: error: argument --device: 'bogus' is not a torch device; use cpu, cuda, "
+        "cuda:<index> or mps")
+    assert "Traceback" not in err

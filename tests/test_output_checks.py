@@ -52,7 +52,8 @@ def make(cls=AmpNetClassifier, module=Logits, **kwargs):
 
 
 NLL_MESSAGE = (
-    r"AmpNetClassifier trains with criterion=NLLLoss \(skorch's default for a classifier\), which "
+    r"AmpNetClassifier trains with criterion=NLLLoss \(skorch's default for a classifier, unless "
+    r"criterion is set\), which "
     r"takes the log of the module's output as class probabilities, but {module} does not return "
     r"probabilities: on the first training batch its outputs range from \S+ to \S+ and its rows "
     r"sum to \S+ \.\.\. \S+, not 1 \(logits\?\)\. .*Fix: criterion=torch.nn.CrossEntropyLoss for a "
@@ -73,6 +74,42 @@ def test_nllloss_with_outputs_that_are_not_probabilities_warns_once_at_the_fit(m
              and re.search(NLL_MESSAGE.format(module=module.__name__), str(w.message))]
     assert len(found) == 1  # the first training batch only
     assert (found[0].filename, found[0].lineno) == (__file__, line)  # the user's fit
+
+
+CE_MESSAGE = (
+    "AmpNetClassifier trains with criterion=CrossEntropyLoss, which applies a softmax to the module's "
+    "output itself, but Softmax already returns probabilities: on the first training batch its outputs "
+    "are >= 0 and every row sums to 1. The softmax is applied twice: training slows down and "
+    "predict_proba squashes the probabilities towards uniform ones. Fix: return logits (drop the final "
+    "softmax from forward), or keep it and use criterion=torch.nn.NLLLoss (skorch's default for a "
+    "classifier)."
+)
+
+
+@pytest.mark.parametrize("amp", AMP, ids=AMP_IDS)
+def test_crossentropy_with_a_module_that_returns_probabilities_warns_once(amp):
+    X, y = data()
+    net = make(module=Softmax, criterion=torch.nn.CrossEntropyLoss, **amp)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        line = inspect.currentframe().f_lineno + 1
+        net.fit(X, y)
+    found = [w for w in caught if issubclass(w.category, AmpWarning) and str(w.message) == CE_MESSAGE]
+    assert len(found) == 1  # the first training batch of the fit only
+    assert (found[0].filename, found[0].lineno) == (__file__, line)
+    # what it warns about: predict_proba's rows, softmax of probabilities, are squashed
+    assert net.predict_proba(X).max() < 0.6
+
+
+@pytest.mark.parametrize("setup", ["logits", "sigmoids", "one-row"])
+def test_crossentropy_with_outputs_that_are_not_probabilities_does_not_warn(setup):
+    X, y = data()
+    module = {"logits": Logits, "sigmoids": Sigmoids, "one-row": Softmax}[setup]
+    net = make(module=module, criterion=torch.nn.CrossEntropyLoss, max_epochs=1,
+               batch_size=1 if setup == "one-row" else 16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", AmpWarning)
+        net.partial_fit(X[:4] if setup == "one-row" else X, y[:4] if setup == "one-row" else y)
 
 
 @pytest.mark.parametrize("criterion", [torch.nn.CrossEntropyLoss, torch.nn.NLLLoss])

@@ -34,6 +34,8 @@ def test_parse_amp_dtype_aliases(value, expected):
         ("float32", r"got 'float32' \(str\).*set amp_enabled=False"),
         ("int8", r"amp_dtype must be one of 'auto', 'float16'.*got 'int8'"),
         ("bfloat61", r"Did you mean 'bfloat16'\?"),
+        ("fp8", r"got 'fp8' \(str\)\. Fix: amp_dtype='auto' \(the dtype that suits the device\), 'bfloat16' or "
+                r"'float16'; float8 training is not supported\."),
         (torch.float32, r"got torch.float32 \(dtype\).*amp_enabled=False"),
         (torch.float64, r"amp_dtype must be one of"),
     ],

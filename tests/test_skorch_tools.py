@@ -345,8 +345,10 @@ def test_tensorboard_and_checkpoint(fitted_with_callbacks):
     assert history[best, "valid_loss_best"]
     saved = torch.load(str(tmp_path / "cp" / "params.pt"), weights_only=True)
     loaded = make_net(dtype, train_split=None).initialize()
-    with pytest.warns(AmpWarning, match="without ampnet's resume files"):
+    with pytest.warns(AmpWarning, match="without ampnet's resume files") as caught:
         loaded.load_params(checkpoint=cp)
+    assert any("Fix: save checkpoints to resume from with ampnet.checkpoint.Checkpoint and load them "
+               "with ampnet.checkpoint.LoadInitState" in str(w.message) for w in caught)
     assert len(loaded.history) == best + 1
     for name, value in loaded.module_.state_dict().items():
         assert torch.equal(value, saved[name]), name

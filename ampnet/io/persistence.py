@@ -416,7 +416,10 @@ class PersistenceMixin:
         if notes:
             amp_warn(
                 "Loading a checkpoint without ampnet's resume files (an older checkpoint?): "
-                + "; ".join(notes) + ". Everything else was loaded.",
+                + "; ".join(notes) + ". Everything else was loaded. Fix: save checkpoints to resume "
+                "from with ampnet.checkpoint.Checkpoint and load them with "
+                "ampnet.checkpoint.LoadInitState (drop-in replacements of skorch's, which also save "
+                "the loss scaler and the random state).",
             )
         return {k: v for k, v in files.items() if k not in missing}
 

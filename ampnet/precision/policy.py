@@ -96,7 +96,9 @@ def parse_amp_dtype(amp_dtype: Any) -> torch.dtype | None:
         if key in DTYPE_ALIASES:
             return DTYPE_ALIASES[key]
         hint = difflib.get_close_matches(key, ["auto", *DTYPE_ALIASES], n=1)
-        fix = f" Did you mean {hint[0]!r}?" if hint else ""
+        fix = (f" Did you mean {hint[0]!r}?" if hint else
+               " Fix: amp_dtype='auto' (the dtype that suits the device), 'bfloat16' or 'float16'; "
+               "float8 training is not supported.")
         if key in ("float32", "fp32", "float", "float64", "double"):
             fix = " To train in full precision, set amp_enabled=False instead."
         raise ValueError(
