@@ -327,6 +327,15 @@ def path_predict(setting, split, task, X, y, tmp_path):
     np.testing.assert_allclose(quietly(net.predict_proba, X.astype(np.float64)), proba, atol=1e-6)
 
 
+def assert_train_on_alike(net, copy, X, y):
+    """One more seeded epoch of ``net`` and of its ``copy`` ends in the same state."""
+    torch.manual_seed(1)
+    quietly(net.partial_fit, X, y)
+    torch.manual_seed(1)
+    quietly(copy.partial_fit, X, y)
+    assert_same_state(module_state(copy), module_state(net))
+
+
 def path_pickle(setting, split, task, X, y, tmp_path):
     net = fitted(setting, split, task, X, y)
     loaded = pickle.loads(pickle.dumps(net))
@@ -335,12 +344,7 @@ def path_pickle(setting, split, task, X, y, tmp_path):
     assert loaded.amp_layout_ == net.amp_layout_
     assert loaded.grad_scaler_.state_dict() == net.grad_scaler_.state_dict()
     np.testing.assert_array_equal(quietly(loaded.predict_proba, X), quietly(net.predict_proba, X))
-    # both go on training the same way
-    torch.manual_seed(1)
-    quietly(net.partial_fit, X, y)
-    torch.manual_seed(1)
-    quietly(loaded.partial_fit, X, y)
-    assert_same_state(module_state(loaded), module_state(net))
+    assert_train_on_alike(net, loaded, X, y)  # both go on training the same way
     check_trained(loaded, setting, split, task, X, epochs=2)
 
 
@@ -356,12 +360,7 @@ def path_save_load(setting, split, task, X, y, tmp_path):
     assert other.grad_scaler_.state_dict() == net.grad_scaler_.state_dict()
     assert other.history.to_list() == net.history.to_list()
     np.testing.assert_array_equal(quietly(other.predict_proba, X), quietly(net.predict_proba, X))
-    # the optimizer state was loaded too: one more epoch of each is the same
-    torch.manual_seed(1)
-    quietly(net.partial_fit, X, y)
-    torch.manual_seed(1)
-    quietly(other.partial_fit, X, y)
-    assert_same_state(module_state(other), module_state(net))
+    assert_train_on_alike(net, other, X, y)  # the optimizer state was loaded too
 
 
 def path_checkpoint_resume(setting, split, task, X, y, tmp_path):
