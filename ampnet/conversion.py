@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ampnet.precision import parse_amp_dtype
+from ampnet.report import build_report
 
 if TYPE_CHECKING:
     from ampnet.precision import MemoryReport
@@ -116,8 +117,6 @@ class ConversionMixin:
           dicts, ``report.recommended_fp32_modules`` the modules it suggests
           for ``amp_fp32_modules``.
         """
-        from ampnet.precision import build_report
-
         if not self.initialized_:
             self.initialize()
         return build_report(self, X, y, dtype)

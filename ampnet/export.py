@@ -46,12 +46,11 @@ from ampnet.io.atomic import atomic_write_group
 from ampnet.exceptions import AmpWarning, amp_warn
 from ampnet._tree import cast_floating
 from ampnet.dtypes import LOW_PRECISION_DTYPES
-from ampnet.precision import remove_auto_hooks
 from ampnet.precision import Precision, module_root
 from ampnet.precision import remove_state_hooks
 from ampnet.precision import DTYPE_ALIASES, dtype_name
 from ampnet.precision import remove_regions
-from ampnet.precision import read_settings
+from ampnet.precision import build_settings
 
 __all__ = ["export_net", "EXPORT_FORMATS", "PredictProbaModule"]
 
@@ -206,7 +205,6 @@ def _float32_copy(net: Any) -> torch.nn.Module:
     module = copy.deepcopy(root)
     remove_regions(module)
     remove_state_hooks(module)
-    remove_auto_hooks(module)
     params = dict(module.named_parameters(remove_duplicate=False))
     for name in low:
         params[name].data = state[name].detach().to(torch.float32, copy=True)
@@ -220,7 +218,7 @@ def _float32_copy(net: Any) -> torch.nn.Module:
 def _narrow(module: torch.nn.Module, dtype: torch.dtype, net: Any) -> None:
     """Store in ``dtype`` what ``amp_level='pure'`` would, and make every
     module with floating parameters cast its inputs to their dtype."""
-    settings = read_settings({
+    settings = build_settings({
         "amp_enabled": True, "amp_dtype": dtype, "amp_level": "pure", "device": "cpu",
         "amp_fp32_modules": net.amp_fp32_modules, "amp_modules": net.amp_modules,
     })

@@ -12,9 +12,10 @@ overrides each skorch method it needs once, delegating to them:
   bookkeeping; the step itself is :func:`ampnet.step.train_step`.
 
 Building and changing the components (``initialize``, ``set_params``, all or
-nothing) is :mod:`ampnet.reconfigure`'s work, ``amp_enabled='auto'``'s choice
-:mod:`ampnet.net_autotune`'s; saving and loading live in
-:class:`ampnet.io.persistence.PersistenceMixin`.
+nothing) is :mod:`ampnet.reconfigure`'s work, the choices of ``'auto'``
+:mod:`ampnet.auto`'s (one call at the start of a fit); saving and loading live
+in :class:`ampnet.io.persistence.PersistenceMixin`. What each parameter is
+(default, check, what a change rebuilds) is :mod:`ampnet.params`'s table.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from skorch.classifier import NeuralNetBinaryClassifier, NeuralNetClassifier
 from skorch.dataset import unpack_data
 from skorch.regressor import NeuralNetRegressor
 
-from ampnet import net_autotune, reconfigure
+from ampnet import auto, reconfigure
 from ampnet import step as steps
 from ampnet._docs import amp_doc
 from ampnet.callbacks.checkpoint import epochs_to_run
@@ -40,14 +41,8 @@ from ampnet.output_checks import check_loss_inputs, check_loss_value
 from ampnet.conversion import ConversionMixin
 from ampnet.io.persistence import PersistenceMixin
 from ampnet.parallel import Parallel
-from ampnet.precision import resolve_auto_fp32
-from ampnet.precision import AutotuneResult, is_auto
-from ampnet.precision import Precision
-from ampnet.precision import autocast_dtype_error
-from ampnet.precision import kernel_defaults
-from ampnet.precision import PrecisionLayout
-from ampnet.precision import PrecisionPolicy
-from ampnet.precision import GradScaler
+from ampnet.params import is_auto
+from ampnet.precision import GradScaler, PrecisionLayout, PrecisionPolicy, autocast_dtype_error, kernel_defaults
 
 __all__ = ["AmpNetMixin", "AmpNet", "AmpNetClassifier", "AmpNetRegressor", "AmpNetBinaryClassifier"]
 
@@ -60,7 +55,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
     ``precision_policy_``, ``grad_scaler_``, ``amp_layout_`` and
     ``amp_master_params_``), ``parallel_``, ``amp_step_state_`` and, with
     ``amp_enabled='auto'``, ``amp_autotune_``
-    (:class:`ampnet.precision.autotune.AutotuneResult`).
+    (:class:`ampnet.auto.AutotuneResult`).
     """
 
     prefixes_ = NeuralNet.prefixes_ + ["grad_scaler", "amp_autotune"]
@@ -128,16 +123,6 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
 
     # ---- initialization -------------------------------------------------
 
-    def precision_params(self, **changes: Any) -> dict[str, Any]:
-        """The precision parameters the net trains with, after ``changes``:
-        ``amp_enabled='auto'`` stands for its choice (float32 before it, or
-        when ``changes`` drop it; see ``ampnet.precision.autotune``).
-
-        Part of the protocol that ``ampnet.precision`` calls on the net
-        (it calls no private method of the net); not a user API.
-        """
-        return reconfigure.precision_params(self, changes)
-
     def initialize(self) -> "AmpNetMixin":
         """Check every AMP setting, then initialize skorch's components and
         the precision, step and data-parallel components. All or nothing:
@@ -151,12 +136,6 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         ``grad_scaler__*`` parameters (the scale restarts at ``init_scale``)."""
         reconfigure.initialize_grad_scaler(self)
         return self
-
-    def _uses_closure(self) -> bool:
-        prec = self.precision_
-        return steps.uses_closure(
-            self, prec.scaling, prec.settings.skip_nonfinite, self.gradient_accumulation_steps
-        )
 
     def _initialize_module(self, reason: str | None = None) -> "AmpNetMixin":
         reconfigure.initialize_module(self, super()._initialize_module, reason)
@@ -179,7 +158,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         self.precision_.check_optimizers([(n, getattr(self, n + "_")) for n in self._optimizers])
         state = self.__dict__.get("amp_step_state_")
         if state is not None:
-            state.closure = self._uses_closure()
+            state.closure = reconfigure.uses_closure(self)
         return self
 
     # ---- parameters -----------------------------------------------------
@@ -201,29 +180,15 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         reconfigure.set_params(self, kwargs, super().set_params)
         return self
 
-    def relayout_precision(self, old: Precision, new: Precision, changed: list[str]) -> None:
-        """Move the fitted module to the new layout, keeping the weights; the
-        optimizer is rebuilt (its state carried over where the parameters
-        line up) only when low-precision parameters are involved, or when
-        the kernel ampnet chose for it is not the one it chooses for the new
-        layout (``ampnet.precision.kernels``).
-
-        Part of the protocol that ``ampnet.precision`` calls on the net
-        (it calls no private method of the net); not a user API.
-        """
-        reconfigure.relayout_precision(self, old, new, changed)
-
     # ---- fitting --------------------------------------------------------
 
     def partial_fit(self, X, y=None, classes=None, **fit_params):
         if not self.initialized_:
             self.initialize()
-        # amp_enabled='auto', first fit only (skorch's fit() threads a routing flag through)
-        net_autotune.choose(self, X, y, **{k: v for k, v in fit_params.items() if k != "_routing_method"})
+        auto.resolve(self, X, y, **fit_params)  # the autos' choices, at the first fit only
         if not is_auto(self.amp_enabled):  # 'auto' measured whether it pays off here
             for notice in self.precision_policy_.notices:
                 amp_warn(notice)
-        resolve_auto_fp32(self, X, y, **fit_params)  # amp_fp32_modules='auto', first fit only
         if self.precision_policy_.enabled:
             adapt_recording_hooks(self)  # skorch's SkorchDoctor records float32
         return super().partial_fit(X, y, classes, **fit_params)
@@ -243,29 +208,6 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         if training and iterator is not None and self.gradient_accumulation_steps > 1:
             iterator = steps.flag_last(iterator, self.amp_step_state_)
         return super().run_single_epoch(iterator, training, prefix, step_fn, **fit_params)
-
-    # ---- amp_enabled='auto' -------------------------------------------------
-
-    def adopt_autotune(self, result: AutotuneResult, carry: bool = True) -> None:
-        """Train with ``result``'s choice from now on: the precision component,
-        the module's layout and the optimizers become those of a net built
-        with these settings (the optimizers' state carried over, with
-        ``carry``).
-
-        Part of the protocol that ``ampnet.precision`` calls on the net
-        (it calls no private method of the net); not a user API.
-        """
-        reconfigure.adopt_autotune(self, result, carry)
-
-    def autotune_copy(self, params: dict[str, Any]) -> "AmpNetMixin":
-        """A net that trains copies of this net's modules with ``params``
-        (for the probe): its own precision, optimizers, history and step
-        state, no callbacks, no data parallelism; this net is unchanged.
-
-        Part of the protocol that ``ampnet.precision`` calls on the net
-        (it calls no private method of the net); not a user API.
-        """
-        return net_autotune.autotune_copy(self, params)
 
     # ---- the training step ----------------------------------------------
 

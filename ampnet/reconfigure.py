@@ -1,82 +1,125 @@
 """Building and changing a net's components, all or nothing: the work behind
-``AmpNetMixin.initialize`` (and its ``initialize_grad_scaler`` and
-``_initialize_module``), ``set_params``, ``precision_params``,
-``relayout_precision`` and ``adopt_autotune``, which delegate here.
+``AmpNetMixin.initialize`` (with ``initialize_grad_scaler`` and
+``_initialize_module``) and ``set_params``, and switching a net to the
+choices of the autos (:func:`apply_choice`, :func:`apply_fp32_choice`).
 
-Each function checks every value first (:func:`~ampnet.precision.read_settings`,
-:func:`ampnet.step.check_step_params`), then changes the net inside
-:func:`ampnet.net_state.all_or_nothing`, which puts it back if anything
-raises. On a fitted net, :func:`set_params` builds one new ``Precision``
-from the checked settings, gives it the live loss scaler (changed in place)
-or a new one, and moves the module to its layout (:func:`relayout_precision`),
+What a change rebuilds is the parameter table's to say
+(:func:`ampnet.params.rebuilds`): a live scaler setting changes the live
+scaler in place, checking that value only (no new ``Precision``); a setting
+of the precision or its layout builds one new ``Precision`` from the checked
+settings and moves the module to its layout once (:func:`relayout`),
 rebuilding the optimizers only where their parameters change or the kernel
-ampnet chose for them does (``ampnet.precision.kernels``).
+ampnet chose for them does. Every value is checked before anything changes,
+and the changes run inside :func:`ampnet.net_state.all_or_nothing`, which
+puts the net back if anything raises.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import torch
 
 from ampnet import step as steps
 from ampnet.exceptions import amp_warn
 from ampnet.net_state import all_or_nothing
+from ampnet.no_effect import warn_ineffective_settings
 from ampnet.parallel import build_parallel
+from ampnet.params import (
+    LAYOUT, LIVE_SCALER, NOTHING, PARAMS, SCALER, auto_inputs, check, check_all, check_names, constructor_defaults,
+    is_auto, pending_params, rebuilds,
+)
 from ampnet.precision import (
-    COMPENSATION_KEY, LIVE_SETTINGS, PRECISION_PARAMS, AutotuneResult, GradScaler, Precision, autotune_settings,
-    ampnet_kernels, build_scaler, check_device, compensation_of, effective_params, is_auto, keep_kernels,
-    kernels_differ, read_settings, warn_ineffective_settings,
+    COMPENSATION_KEY, GradScaler, Precision, PrecisionSettings, build_scaler, build_settings, compensation_of,
+    keep_kernels, kernels_differ, user_chose_kernel, validate_scaler_settings,
 )
 
 if TYPE_CHECKING:
+    from ampnet.auto.enabled import AutotuneResult
     from ampnet.net import AmpNetMixin
 
 __all__ = [
-    "LAYOUT_PARAMS", "STORED_PREFIXES", "SCALER_PARAMS", "AUTOTUNE_INPUTS",
-    "precision_params", "initialize", "initialize_grad_scaler", "initialize_module", "set_params",
-    "relayout_precision", "adopt_autotune",
+    "checked_params", "read_settings", "uses_closure", "ampnet_kernels", "initialize", "initialize_grad_scaler",
+    "initialize_module", "set_params", "relayout", "apply_choice", "apply_fp32_choice", "choice_problem",
 ]
 
-#: Parameters whose change rebuilds the module's precision layout.
-LAYOUT_PARAMS = frozenset({
-    "amp_enabled", "amp_dtype", "amp_level", "amp_master_weights", "amp_fp32_modules", "amp_modules",
-    "memory_format",
-})
-
-#: Parameters that a fitted net stores for the next fit (no component is rebuilt).
-STORED_PREFIXES = ("iterator_train", "iterator_valid", "dataset")
-
-#: Parameters whose change rebuilds the loss scaler (besides non-live ``grad_scaler__*``).
-SCALER_PARAMS = frozenset({"amp_enabled", "amp_dtype", "device", "grad_scaler"})
-
-#: Parameters whose change drops the choice of ``amp_enabled='auto'`` (the next fit probes again).
-AUTOTUNE_INPUTS = frozenset({
-    "amp_enabled", "amp_dtype", "amp_level", "amp_master_weights", "memory_format", "device",
-})
+#: The scaler bounds that a live change of one of them is checked against.
+_BOUNDS = ("init_scale", "min_scale", "max_scale")
 
 
-def precision_params(net: "AmpNetMixin", changes: dict[str, Any]) -> dict[str, Any]:
-    """``net.precision_params(**changes)``: the net's precision and step
-    parameters with ``changes``, ``amp_enabled='auto'`` standing for its
-    choice unless ``changes`` drop it."""
-    params = {name: getattr(net, name) for name in PRECISION_PARAMS + steps.STEP_PARAMS}
+def _own_params(net: "AmpNetMixin") -> dict[str, Any]:
+    """The net's AMP parameters as set (the table's constructor parameters,
+    the device and the ``grad_scaler__*`` settings)."""
+    params = {name: getattr(net, name) for name in [*constructor_defaults(), "device"]}
     params.update({"grad_scaler__" + k: v for k, v in net.get_params_for("grad_scaler").items()})
-    params.update(changes)
-    choice = None if AUTOTUNE_INPUTS.intersection(changes) else net.__dict__.get("amp_autotune_")
-    return effective_params(params, choice)
+    return params
+
+
+def checked_params(net: "AmpNetMixin", changes: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The net's AMP parameters after ``changes``, each checked by the
+    parameter table (string choices in their canonical spelling), with
+    ``amp_enabled='auto'`` standing for its choice (float32 before it, or
+    when ``changes`` drop it).
+
+    Raises
+    ------
+    ValueError, TypeError
+      The first invalid value, naming the parameter (see :mod:`ampnet.params`).
+    """
+    changes = dict(changes or {})
+    params = check_all({**_own_params(net), **changes})
+    if not is_auto(params["amp_enabled"]):
+        return params
+    # what 'auto' may choose must be valid (a master-weights setting narrows it to 'pure')
+    device = torch.device(params.get("device") or "cpu") if _is_device(params.get("device")) else None
+    if device is not None and torch.amp.is_autocast_available(device.type) and (
+            device.type != "cuda" or torch.cuda.is_available()):
+        level = "pure" if params["amp_master_weights"] is not True else params["amp_level"]
+        read_settings({**params, "amp_enabled": True, "amp_level": level})
+    choice = None if auto_inputs().intersection(changes) else net.__dict__.get("amp_autotune_")
+    return {**params, **(choice.params if choice is not None else pending_params(params["memory_format"]))}
+
+
+def _is_device(value: Any) -> bool:
+    try:
+        torch.device(value or "cpu")
+    except (RuntimeError, TypeError):
+        return False
+    return True
+
+
+def read_settings(params: Mapping[str, Any]) -> PrecisionSettings:
+    """The precision settings of checked parameters (:func:`checked_params`),
+    with the checks that involve several of them."""
+    return build_settings(params)
+
+
+def uses_closure(net: "AmpNetMixin") -> bool:
+    """Whether the net's optimizers step through skorch's closure path
+    (:func:`ampnet.step.uses_closure`)."""
+    prec = net.precision_
+    return steps.uses_closure(net, prec.scaling, prec.settings.skip_nonfinite, net.gradient_accumulation_steps)
+
+
+def ampnet_kernels(net: "AmpNetMixin") -> frozenset[str]:
+    """The names of ``net``'s optimizers (``'optimizer'``, ...) whose kernel
+    ampnet chooses: those the user set neither ``fused`` nor ``foreach`` for.
+    A precision change rebuilds them with the kernel for the new layout, so
+    their current kernel is not checked against the new settings."""
+    return frozenset(n for n in net._optimizers if not user_chose_kernel(net.get_params_for(n)))
+
+
+def _scaler_params(net: "AmpNetMixin") -> dict[str, Any]:
+    return net.get_params_for("grad_scaler")
 
 
 def initialize(net: "AmpNetMixin", skorch_initialize: Callable[[], Any]) -> None:
     """``net.initialize()``: check every AMP setting, then build the
     precision component, skorch's components (``skorch_initialize``), the
     step state and the data-parallel component, all or nothing."""
-    check_device(net.device)
-    params = net.precision_params()
+    params = checked_params(net)
+    check_names("amp_autotune", net.get_params_for("amp_autotune"))
     settings = read_settings(params)
-    steps.check_step_params(params)
-    if is_auto(net.amp_enabled):
-        autotune_settings(net.get_params_for("amp_autotune"))
     with all_or_nothing(net):
         was_initialized = net.initialized_
         with net._current_init_context("grad_scaler"):
@@ -86,14 +129,14 @@ def initialize(net: "AmpNetMixin", skorch_initialize: Callable[[], Any]) -> None
             old, module = net.__dict__.get("precision_"), net.__dict__.get("module_")
             if old is not None and isinstance(module, torch.nn.Module):
                 old.detach(module)  # float32 again: skorch may reuse the instance
-            net.__dict__["precision_"] = Precision.build(settings, net.get_params_for("grad_scaler"))
+            net.__dict__["precision_"] = Precision.build(settings, _scaler_params(net))
         if "precision_" not in net.cuda_dependent_attributes_:
             # pickled together with optimizer_, so that the masters stay
             # the optimizer's parameters
             net.cuda_dependent_attributes_ = [*net.cuda_dependent_attributes_, "precision_"]
         net.__dict__.pop("amp_step_state_", None)
         skorch_initialize()
-        net.amp_step_state_ = steps.StepState(closure=net._uses_closure())
+        net.amp_step_state_ = steps.StepState(closure=uses_closure(net))
         with net._current_init_context("parallel"):
             net.parallel_ = build_parallel(net, net.amp_step_state_.closure)
     warn_ineffective_settings(net)
@@ -102,10 +145,9 @@ def initialize(net: "AmpNetMixin", skorch_initialize: Callable[[], Any]) -> None
 def initialize_grad_scaler(net: "AmpNetMixin") -> None:
     """``net.initialize_grad_scaler()``: a new loss scaler from the net's
     ``grad_scaler`` and ``grad_scaler__*`` parameters."""
-    settings = read_settings(net.precision_params())
-    net.precision_.scaler = build_scaler(settings, net.get_params_for("grad_scaler"))
+    net.precision_.scaler = build_scaler(read_settings(checked_params(net)), _scaler_params(net))
     net.amp_step_state_.scale = None
-    net.amp_step_state_.closure = net._uses_closure()
+    net.amp_step_state_.closure = uses_closure(net)
 
 
 def initialize_module(net: "AmpNetMixin", skorch_initialize_module: Callable[..., Any], reason: str | None) -> None:
@@ -119,13 +161,12 @@ def initialize_module(net: "AmpNetMixin", skorch_initialize_module: Callable[...
     skorch_initialize_module(reason=reason)
     if prec is None:
         # skorch's _initialize_module() called on its own
-        prec = net.__dict__["precision_"] = Precision.build(
-            read_settings(net.precision_params()), net.get_params_for("grad_scaler"))
+        prec = net.__dict__["precision_"] = Precision.build(read_settings(checked_params(net)), _scaler_params(net))
     module = net.__dict__.get("module_")
     if isinstance(module, torch.nn.Module):
         prec.attach(module, trimmed=getattr(net, "_trimmed_for_prediction", False))
-    elif (net.amp_level != "mixed" or net.amp_fp32_modules is not None
-          or net.amp_modules is not None or net.memory_format != "preserve"):
+    elif any(check(name, getattr(net, name)) != PARAMS[name].default
+             for name in ("amp_level", "amp_fp32_modules", "amp_modules", "memory_format")):
         # skorch allows nets without a ``module_`` (custom module names):
         # autocast applies as usual; per-module control has no module to act on
         raise ValueError(
@@ -138,7 +179,8 @@ def initialize_module(net: "AmpNetMixin", skorch_initialize_module: Callable[...
 def set_params(net: "AmpNetMixin", kwargs: dict[str, Any], skorch_set_params: Callable[..., Any]) -> None:
     """``net.set_params(**kwargs)``, all or nothing (``skorch_set_params``:
     skorch's own, for the parameters it handles). On a fitted net every
-    value is checked before anything changes."""
+    value is checked before anything changes, and only what the parameter
+    table says the change rebuilds is rebuilt."""
     # grad_scaler and grad_scaler__* are ampnet's to handle: skorch would
     # treat the "grad_scaler" prefix as a module and refuse it
     own = {k: v for k, v in kwargs.items()
@@ -149,15 +191,13 @@ def set_params(net: "AmpNetMixin", kwargs: dict[str, Any], skorch_set_params: Ca
             skorch_set_params(**others)
             net.__dict__.update(own)
         return
+    if not others and rebuilds(kwargs) <= {LIVE_SCALER, NOTHING} and _set_live(net, own):
+        return
     # every check first: nothing has changed when one refuses
-    if "device" in kwargs:
-        check_device(kwargs["device"])
-    params = net.precision_params(**kwargs)
+    params = checked_params(net, kwargs)
+    check_names("amp_autotune", {**net.get_params_for("amp_autotune"),
+                                 **{k.split("__", 1)[1]: v for k, v in own.items() if k.startswith("amp_autotune__")}})
     settings = read_settings(params)
-    steps.check_step_params(params)
-    if is_auto(kwargs.get("amp_enabled", net.amp_enabled)):
-        autotune_settings({**net.get_params_for("amp_autotune"),
-                           **{k.split("__", 1)[1]: v for k, v in own.items() if k.startswith("amp_autotune__")}})
     new_optimizer = any(k.split("__")[0] in net._optimizers for k in kwargs)
     # the one Precision of this call; _apply_precision gives it its scaler
     new = Precision(settings, net.precision_.scaler)
@@ -180,9 +220,42 @@ def set_params(net: "AmpNetMixin", kwargs: dict[str, Any], skorch_set_params: Ca
             skorch_set_params(**others)
         _check_optimizers_accept(net, others)
         net.__dict__.update(own)
-        if AUTOTUNE_INPUTS.intersection(kwargs):
+        if auto_inputs().intersection(kwargs):
             net.__dict__.pop("amp_autotune_", None)  # the next fit probes again
         _apply_precision(net, new, sorted(kwargs), checked)
+
+
+#: Parameters that a fitted net stores for the next fit (no component is rebuilt).
+STORED_PREFIXES = ("iterator_train", "iterator_valid", "dataset")
+
+
+def _set_live(net: "AmpNetMixin", own: dict[str, Any]) -> bool:
+    """Set loss-scaler settings that the live scaler takes in place, and
+    settings that rebuild nothing, checking those values only; False (and
+    nothing changed) where the live scaler cannot take them (torch's scaler
+    without the setter, or disabled)."""
+    scaler = net.precision_.scaler
+    live = {k.split("__", 1)[1]: v for k, v in own.items() if k.startswith("grad_scaler__")}
+    if live and not isinstance(scaler, GradScaler) and not (
+            scaler.is_enabled() and all(hasattr(scaler, f"set_{k}") for k in live)):
+        return False
+    check_names("amp_autotune", {k.split("__", 1)[1]: v for k, v in own.items() if k.startswith("amp_autotune__")})
+    for name, value in own.items():
+        if not name.startswith("grad_scaler__"):
+            check(name, value)
+    if live:
+        current = scaler.get_settings() if isinstance(scaler, GradScaler) else {}
+        bounds = {k: current[k] for k in _BOUNDS if k in current and k not in live} if set(live) & set(_BOUNDS) else {}
+        validate_scaler_settings(**{**bounds, **live})  # the one check of these values
+    with all_or_nothing(net):
+        net.__dict__.update(own)
+        if isinstance(scaler, GradScaler):
+            scaler.apply_settings(**live)
+        else:  # torch's own scaler: its setters
+            for name, value in live.items():
+                getattr(scaler, f"set_{name}")(value)
+        net.amp_step_state_.scale = None
+    return True
 
 
 def _optimizer_settings(net: "AmpNetMixin", changed: dict[str, Any]) -> dict[str, Any]:
@@ -218,13 +291,14 @@ def _apply_precision(net: "AmpNetMixin", new: Precision, changed: list[str], che
     or a new one) and the module's layout. Values are not checked again;
     the optimizers are, unless ``checked``."""
     prec, settings = net.precision_, new.settings
-    scaler_params = net.get_params_for("grad_scaler")  # the settings' one stored copy (set by now)
+    scaler_params = _scaler_params(net)  # the settings' one stored copy (set by now)
     scaler_kw = {k.split("__", 1)[1] for k in changed if k.startswith("grad_scaler__")}
-    rebuild_scaler = bool(SCALER_PARAMS.intersection(changed)) or not scaler_kw <= set(LIVE_SETTINGS)
-    relayout = bool(LAYOUT_PARAMS.intersection(changed))
+    rebuilt = rebuilds(changed)
+    rebuild_scaler = SCALER in rebuilt
+    moves = LAYOUT in rebuilt
     scaler = prec.scaler
     if rebuild_scaler:
-        reasons = sorted(k for k in changed if k in SCALER_PARAMS or k.startswith("grad_scaler"))
+        reasons = sorted(k for k in changed if SCALER in rebuilds([k]))
         if net.verbose:
             print(net._format_reinit_msg("grad_scaler", dict.fromkeys(reasons)))
         scaler = build_scaler(settings, scaler_params)
@@ -242,21 +316,21 @@ def _apply_precision(net: "AmpNetMixin", new: Precision, changed: list[str], che
     new.scaler = scaler
     if not (checked or getattr(net, "_trimmed_for_prediction", False)):  # refuse before the module changes
         new.check_optimizers([(n, getattr(net, n + "_")) for n in net._optimizers], ampnet_kernels(net))
-    layout_changed = [k for k in changed if k in LAYOUT_PARAMS]
-    if relayout and isinstance(net.__dict__.get("module_"), torch.nn.Module):
-        net.relayout_precision(prec, new, layout_changed)
+    layout_changed = [k for k in changed if LAYOUT in rebuilds([k])]
+    if moves and isinstance(net.__dict__.get("module_"), torch.nn.Module):
+        relayout(net, prec, new, layout_changed)
     else:
         new.layout, new.masters = prec.layout, prec.masters
         net.__dict__["precision_"] = new
-        if relayout and not getattr(net, "_trimmed_for_prediction", False) and _kernels_changed(net):
+        if moves and not getattr(net, "_trimmed_for_prediction", False) and _kernels_changed(net):
             _rebuild_optimizers(net, layout_changed)
     net.__dict__["precision_"] = new
     net.amp_step_state_.scale = None
-    net.amp_step_state_.closure = net._uses_closure()
+    net.amp_step_state_.closure = uses_closure(net)
 
 
-def relayout_precision(net: "AmpNetMixin", old: Precision, new: Precision, changed: list[str]) -> None:
-    """``net.relayout_precision(old, new, changed)``: move the fitted module
+def relayout(net: "AmpNetMixin", old: Precision, new: Precision, changed: list[str]) -> None:
+    """Move the fitted module
     from ``old``'s layout to ``new``'s, keeping the weights; rebuild the
     optimizers (their state carried over) only where low-precision
     parameters are involved, or where the kernel ampnet chose for them is
@@ -301,13 +375,14 @@ def _rebuild_optimizers(net: "AmpNetMixin", changed: list[str]) -> None:
                 f"{', '.join(changed)} ({exc}); it starts afresh.")
 
 
-def adopt_autotune(net: "AmpNetMixin", result: AutotuneResult, carry: bool = True) -> None:
-    """``net.adopt_autotune(result, carry)``: a new precision component for
-    ``result``'s choice, the module moved to its layout, new optimizers
-    (their state carried over with ``carry``) and a new step state."""
+def apply_choice(net: "AmpNetMixin", result: "AutotuneResult", carry: bool = True) -> None:
+    """Switch the net to ``amp_enabled='auto'``'s choice ``result``: a new
+    precision component for it, the module moved to its layout, new
+    optimizers (their state carried over with ``carry``) and a new step
+    state, as a net constructed with the chosen settings has them."""
     net.__dict__["amp_autotune_"] = result
-    settings = read_settings(net.precision_params())
-    old, new = net.precision_, Precision.build(settings, net.get_params_for("grad_scaler"))
+    settings = read_settings(checked_params(net))
+    old, new = net.precision_, Precision.build(settings, _scaler_params(net))
     trimmed = getattr(net, "_trimmed_for_prediction", False)
     names = [n for n in net._optimizers if isinstance(net.__dict__.get(n + "_"), torch.optim.Optimizer)]
     module = net.__dict__.get("module_")
@@ -334,4 +409,29 @@ def adopt_autotune(net: "AmpNetMixin", result: AutotuneResult, carry: bool = Tru
                 if id(p) in kept and p in optimizer.state:
                     optimizer.state[p][COMPENSATION_KEY] = kept[id(p)].to(p.dtype)
     # a new step state, as initialize() builds; DDP re-wraps the module by itself
-    net.amp_step_state_ = steps.StepState(closure=net._uses_closure())
+    net.amp_step_state_ = steps.StepState(closure=uses_closure(net))
+
+
+def apply_fp32_choice(net: "AmpNetMixin", names: tuple[str, ...]) -> None:
+    """Switch the net to ``amp_fp32_modules='auto'``'s choice: ``names``
+    join the float32 regions, as if listed in ``amp_fp32_modules``."""
+    prec = net.precision_
+    new = Precision(prec.settings, prec.scaler)
+    new.auto_fp32 = tuple(names)
+    relayout(net, prec, new, ["amp_fp32_modules"])
+    net.__dict__["precision_"] = new
+
+
+def choice_problem(net: "AmpNetMixin", params: Mapping[str, Any]) -> str | None:
+    """Why ``net`` cannot train with ``amp_enabled='auto'``'s choice
+    ``params`` (checked values of the table's choice parameters): the
+    settings are refused together with the net's others, or its optimizers
+    cannot serve them; None when it can."""
+    try:
+        settings = read_settings({**checked_params(net), **params})
+        Precision(settings, net.precision_.scaler).check_optimizers(
+            [(n, o) for n in net._optimizers if isinstance(o := net.__dict__.get(n + "_"), torch.optim.Optimizer)],
+            ampnet_kernels(net))  # applying the choice rebuilds them with the kernel for it
+    except (ValueError, TypeError) as exc:
+        return str(exc).splitlines()[0]
+    return None

@@ -30,21 +30,17 @@ from ampnet.validation import describe
 __all__ = [
     "StepState",
     "train_step",
-    "check_step_params",
     "uses_closure",
     "held_callbacks",
     "flag_last",
     "begin_fit",
     "begin_epoch",
     "record_epoch",
-    "STEP_PARAMS",
     "SKIP_CAUSES",
     "skip_cause",
 ]
 
 #: Parameters of the training step.
-STEP_PARAMS = ("gradient_accumulation_steps", "amp_max_consecutive_skips")
-
 #: The values of a skipped batch's ``skip_cause`` (see ``skip_cause``).
 SKIP_CAUSES = ("overflow", "nonfinite_input", "nonfinite_loss")
 
@@ -302,25 +298,6 @@ def record_epoch(net: Any) -> None:
 
 
 # ---- checks -----------------------------------------------------------------------
-
-
-def check_step_params(params: Mapping[str, Any]) -> None:
-    """Check ``gradient_accumulation_steps`` and ``amp_max_consecutive_skips``.
-
-    Raises
-    ------
-    ValueError
-      Listing every invalid value.
-    """
-    msgs = []
-    steps = params.get("gradient_accumulation_steps", 1)
-    if not (isinstance(steps, Integral) and not isinstance(steps, bool) and steps >= 1):
-        msgs.append(f"gradient_accumulation_steps must be an int >= 1; got {describe(steps)}.")
-    limit = params.get("amp_max_consecutive_skips", 50)
-    if limit is not None and not (isinstance(limit, Integral) and not isinstance(limit, bool) and limit >= 1):
-        msgs.append(f"amp_max_consecutive_skips must be None or an int >= 1; got {describe(limit)}.")
-    if msgs:
-        raise ValueError("\n".join(msgs))
 
 
 def _closure_param(optimizer: torch.optim.Optimizer) -> inspect.Parameter | None:

@@ -236,32 +236,6 @@ def check_module_state(module: torch.nn.Module, state: Any, source: str, attr: s
         )
 
 
-def check_auto_choice(module: torch.nn.Module, state: Any, source: str) -> None:
-    """Check the ``amp_fp32_modules='auto'`` choice that a parameters file
-    carries in its metadata (:data:`ampnet.precision.auto.METADATA_KEY`):
-    names of the module's own submodules, each once.
-
-    Raises
-    ------
-    ValueError
-      Naming ``source`` and the field.
-    """
-    from ampnet.precision import AUTO_METADATA_KEY as METADATA_KEY, choice_problem, module_root
-
-    metadata = getattr(state, "_metadata", None)
-    root = metadata.get("") if isinstance(metadata, Mapping) else None
-    if not isinstance(root, Mapping) or METADATA_KEY not in root:
-        return
-    problem = choice_problem(module_root(module), root[METADATA_KEY])
-    if problem:
-        raise ValueError(
-            f"{source} holds an invalid amp_fp32_modules='auto' choice in its metadata "
-            f"({METADATA_KEY!r}): {problem}. ampnet saves there the names of the modules its "
-            "probe kept in float32. Nothing was loaded. Fix: pass the parameters that "
-            "save_params wrote for this module."
-        )
-
-
 def _escapes(path: str, root: str) -> bool:
     rel = os.path.relpath(os.path.abspath(path), os.path.abspath(root or "."))
     return rel == os.pardir or rel.startswith(os.pardir + os.sep) or os.path.isabs(rel)

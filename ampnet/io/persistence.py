@@ -51,7 +51,6 @@ from ampnet.io.files import (
     read_state,
     read_history,
     check_module_state,
-    check_auto_choice,
     resolve_checkpoint,
     checkpoint_files,
     plain,
@@ -70,7 +69,7 @@ from ampnet.io.rollback import (
     snapshot_optimizer,
 )
 from ampnet.precision import drop_compensation
-from ampnet.precision import add_saved_choice, plan_saved_choice
+from ampnet.auto import plan_choices, write_choices
 from ampnet.precision import keep_kernels
 from ampnet.precision import validate_scaler_state
 from ampnet.io.schedulers import (
@@ -253,7 +252,7 @@ class PersistenceMixin:
             self.check_is_fitted([attr], msg=_MSG_INIT.format(verb="save"))
         state = self._get_module(attr, msg=_MSG_MODULE.format(verb="save")).state_dict()
         if attr == "module_":
-            add_saved_choice(self, state)  # amp_enabled='auto': its choice goes with the weights
+            write_choices(self, state)  # the choices of the autos go with the weights
         if key == "f_grad_scaler" and safetensors:
             state = to_tensors(state)
         return state_writer(state, source, safetensors)
@@ -443,7 +442,7 @@ class PersistenceMixin:
             map_location = get_map_location(self.device)
             device = self._check_device(self.device, map_location)
         safe = {"weights_only": True}
-        choice: Step | None = None
+        choices: list[Step] = []
         for key, target in files.items():
             source = describe_target(key, target)
             if key == "f_history":
@@ -476,8 +475,7 @@ class PersistenceMixin:
                 if isinstance(obj, torch.nn.Module):
                     check_module_state(obj, state, source, attr)
                     if attr == "module_":
-                        check_auto_choice(obj, state, source)
-                        choice = plan_saved_choice(self, state, source)
+                        choices = plan_choices(self, state, source)
                     extra = ()
                     if attr == "module_":
                         extra = tuple((getattr(self, "amp_master_params_", None) or {}).values())
@@ -496,8 +494,7 @@ class PersistenceMixin:
                     Step(source, lambda obj=obj, state=state: obj.load_state_dict(state), snapshot)
                 )
 
-        if choice is not None:  # after the module and optimizer states: they carry over
-            late.append(choice)
+        late.extend(choices)  # after the module and optimizer states: they carry over
 
         def set_device() -> None:
             if device != self.device:

@@ -18,7 +18,7 @@ import torch
 
 __all__ = [
     "Step", "apply_all", "snapshot_module", "snapshot_optimizer", "snapshot_attributes",
-    "snapshot_attribute", "snapshot_auto_choice",
+    "snapshot_attribute",
 ]
 
 Restore = Callable[[], None]
@@ -93,8 +93,7 @@ def apply_all(steps: list[Step]) -> None:
 
 def snapshot_module(module: torch.nn.Module, extra: Iterable[torch.Tensor] = ()) -> Restore:
     """Snapshot the values of a module's parameters and buffers (and of
-    ``extra`` tensors, e.g. float32 master weights), copied to the CPU, and
-    the ``amp_fp32_modules='auto'`` choice a load records on it."""
+    ``extra`` tensors, e.g. float32 master weights), copied to the CPU."""
     tensors = [
         (t, t.detach().to("cpu", copy=True))
         for t in itertools.chain(module.parameters(), module.buffers(), extra)
@@ -105,7 +104,6 @@ def snapshot_module(module: torch.nn.Module, extra: Iterable[torch.Tensor] = ())
         for m in module.modules()
         if type(m).get_extra_state is not torch.nn.Module.get_extra_state
     ]
-    restore_choice = snapshot_auto_choice(module)
 
     def restore() -> None:
         with torch.no_grad():
@@ -113,25 +111,6 @@ def snapshot_module(module: torch.nn.Module, extra: Iterable[torch.Tensor] = ())
                 tensor.copy_(saved)
         for m, state in extra_states:
             m.set_extra_state(state)
-        restore_choice()
-
-    return restore
-
-
-def snapshot_auto_choice(module: torch.nn.Module) -> Restore:
-    """Snapshot the ``amp_fp32_modules='auto'`` choice that loading a
-    parameters file records on the module (its load hook's ``loaded``),
-    so that a rolled-back load leaves no saved choice behind."""
-    from ampnet.precision import find_auto_hooks
-    from ampnet.precision import module_root
-
-    hooks = find_auto_hooks(module_root(module))
-    if hooks is None:
-        return lambda: None
-    loaded = hooks.loaded
-
-    def restore() -> None:
-        hooks.loaded = loaded
 
     return restore
 

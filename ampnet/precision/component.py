@@ -26,7 +26,7 @@ from skorch.utils import to_tensor
 from ampnet._tree import cast_floating, map_tensors
 from ampnet.dtypes import LOW_PRECISION_DTYPES
 from ampnet.precision import compensated as comp
-from ampnet.precision.auto import install_auto_hooks, remove_auto_hooks
+from ampnet.precision.legacy import remove_legacy_hooks
 from ampnet.precision.checks import nonfinite_grads
 from ampnet.precision.inputs import match_module_dtype
 from ampnet.precision.masters import (
@@ -191,8 +191,6 @@ class Precision:
                 masters = make_masters(root, layout.low_precision_params)
             narrow(root, layout.low_precision_params, layout.dtype)
             install_state_hooks(root, layout.low_precision_params, masters)
-        if AUTO in parse_selectors(settings.fp32_modules, "amp_fp32_modules"):
-            install_auto_hooks(root, layout.auto_fp32_modules)
         self.layout, self.masters = layout, masters
 
     def take_over(
@@ -219,7 +217,7 @@ class Precision:
         root = module_root(module)
         remove_regions(root)
         remove_state_hooks(root)
-        remove_auto_hooks(root)
+        remove_legacy_hooks(root)
         layout = self.layout
         if layout is not None:
             params = dict(root.named_parameters(remove_duplicate=False))

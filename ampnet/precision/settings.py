@@ -1,10 +1,14 @@
-"""Read and check a net's precision parameters, before anything is built.
+"""A net's precision parameters as a frozen :class:`PrecisionSettings`,
+before anything is built.
 
-:func:`read_settings` turns the parameters of a net (a plain mapping, as
-``get_params()`` gives it) into a frozen :class:`PrecisionSettings`, raising
-on the first invalid value with the parameter, the value, the valid choices
-and a fix. It touches no net, module or scaler, so that ``initialize`` and
-``set_params`` can check everything before they change anything.
+Each value has been checked on its own by the parameter table
+(:func:`ampnet.params.read_settings` calls :func:`build_settings` with the
+checked values); :func:`build_settings` adds the checks that involve several
+parameters (compensated weights need 'pure', float16 scaling needs a scaler
+that can scale on the device, ...), raising with the parameters, the values,
+the valid choices and a fix. It touches no net, module or scaler, so that
+``initialize`` and ``set_params`` can check everything before they change
+anything.
 """
 
 from __future__ import annotations
@@ -17,34 +21,12 @@ from typing import Any, Mapping
 import torch
 
 from ampnet.precision.policy import PrecisionPolicy, resolve_precision
-from ampnet.validation import describe, is_bool
 from ampnet.precision.scaler import GradScaler
 from ampnet.precision.scaler_checks import validate_scaler_settings
-from ampnet.precision.selectors import parse_selectors
 
 __all__ = [
-    "PrecisionSettings", "read_settings", "scaling_enabled", "PRECISION_PARAMS", "MEMORY_FORMATS", "MASTER_WEIGHTS",
+    "PrecisionSettings", "build_settings", "scaling_enabled",
 ]
-
-#: Net parameters that the precision component is built from.
-PRECISION_PARAMS = (
-    "amp_enabled",
-    "amp_dtype",
-    "amp_level",
-    "amp_master_weights",
-    "amp_fp32_modules",
-    "amp_modules",
-    "memory_format",
-    "amp_skip_nonfinite",
-    "grad_scaler",
-    "device",
-)
-
-#: Accepted values of ``memory_format``.
-MEMORY_FORMATS = ("preserve", "channels_last")
-
-#: Accepted values of ``amp_master_weights``.
-MASTER_WEIGHTS = (True, False, "compensated")
 
 
 @dataclass(frozen=True)
@@ -80,27 +62,20 @@ def scaling_enabled(policy: PrecisionPolicy, scaler_params: Mapping[str, Any]) -
     return policy.uses_scaler if forced is None else bool(forced)
 
 
-def read_settings(params: Mapping[str, Any]) -> PrecisionSettings:
-    """Check the precision parameters in ``params`` (a net's ``get_params()``).
+def build_settings(params: Mapping[str, Any]) -> PrecisionSettings:
+    """The :class:`PrecisionSettings` of ``params``, a net's parameters whose
+    values :func:`ampnet.params.check_all` has checked one by one (choices
+    in their canonical spelling); this adds the checks that involve several
+    parameters.
 
     Raises
     ------
     TypeError, ValueError
-      For the first invalid value, naming the parameter, the value, the
-      valid choices and a fix.
+      For the first invalid combination, naming the parameters, the values,
+      the valid choices and a fix.
     """
     skip = params.get("amp_skip_nonfinite", True)
-    if not is_bool(skip):
-        raise ValueError(f"amp_skip_nonfinite must be True or False; got {describe(skip)}.")
     scaler = params.get("grad_scaler", GradScaler)
-    if not (
-        isinstance(scaler, torch.amp.GradScaler)
-        or (isinstance(scaler, type) and issubclass(scaler, torch.amp.GradScaler))
-    ):
-        raise ValueError(
-            "grad_scaler must be a torch.amp.GradScaler subclass or instance, such as "
-            f"ampnet.GradScaler; got {describe(scaler)}."
-        )
     policy = resolve_precision(
         params.get("amp_enabled", False),
         params.get("amp_dtype", "auto"),
@@ -109,13 +84,6 @@ def read_settings(params: Mapping[str, Any]) -> PrecisionSettings:
     )
     masters = params.get("amp_master_weights", True)
     compensated = isinstance(masters, str) and masters == "compensated"
-    if not (is_bool(masters) or compensated):
-        raise TypeError(
-            f"amp_master_weights must be True, False or 'compensated'; got {describe(masters)}. "
-            "Fix: amp_master_weights=True (float32 masters, the default), False (the optimizer "
-            "updates the low-precision weights) or 'compensated' (low-precision weights with a "
-            "low-precision compensation buffer, no float32 copy)."
-        )
     if compensated and not (policy.enabled and policy.level == "pure"):
         raise ValueError(
             "amp_master_weights='compensated' needs amp_enabled=True and amp_level='pure' "
@@ -125,14 +93,6 @@ def read_settings(params: Mapping[str, Any]) -> PrecisionSettings:
             "set amp_enabled=True and amp_level='pure', or amp_master_weights=True."
         )
     memory_format = params.get("memory_format", "preserve")
-    if not isinstance(memory_format, str) or memory_format not in MEMORY_FORMATS:
-        raise ValueError(
-            f"memory_format must be one of {', '.join(map(repr, MEMORY_FORMATS))}; got "
-            f"{describe(memory_format)}. Fix: memory_format='channels_last' for "
-            "convolutional models, else 'preserve'."
-        )
-    parse_selectors(params.get("amp_fp32_modules"), "amp_fp32_modules")
-    parse_selectors(params.get("amp_modules"), "amp_modules")
     scaler_params = _scaler_params(scaler, params)
     if scaler_params.get("enabled") and not policy.enabled:
         raise ValueError(

@@ -30,7 +30,7 @@ case: it is what AMP must beat.
 
 Measurement and choice
 ----------------------
-First a screen (:mod:`ampnet.precision.autotune_screen`): one forward pass
+First a screen (:mod:`ampnet.auto.screen`): one forward pass
 per low-precision dtype against float32's, on the net's own module without
 gradients, in eval mode; a dtype more than 3x slower than float32 (an
 emulated one) is not measured further, and when no AMP candidate is left,
@@ -77,12 +77,13 @@ the probe ends. The probe's wall time is ``amp_autotune_.probe_s``.
 
 Settings (``amp_autotune__<name>``)
 -----------------------------------
-``steps`` (int >= 1), ``warmup`` (int >= 0), ``margin`` (float in [0, 1)),
-``min_cosine`` (float in [-1, 1]) and ``timer``: None for the wall clock, or
-a callable ``timer(params, step) -> seconds`` that runs ``step()`` (one
-training step of the candidate whose constructor parameters are
-``params``) and returns its duration; tests pass one that returns fixed
-durations, which makes the choice deterministic.
+``steps`` (int in [1, 100]), ``warmup`` (int in [0, 100]), ``margin``
+(float in [0, 1)) and ``min_cosine`` (float in [-1, 1]): rows of the
+parameter table (:mod:`ampnet.params`), checked whenever they are set, for
+any ``amp_enabled``; an unknown ``amp_autotune__*`` name is an error. Steps
+are timed by the wall clock (synchronized on CUDA): the probe's
+``timer(params, step) -> seconds`` is :func:`ampnet.auto.probe.wall_timer`,
+which the tests replace to make the choice deterministic.
 
 The choice
 ----------
@@ -101,40 +102,27 @@ choice is used on every rank.
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 import torch
 
-from ampnet.precision.autotune_screen import SCREEN_SLOWER
-from ampnet.validation import describe, is_bool, is_int, is_number
+from ampnet.auto.screen import SCREEN_SLOWER
+from ampnet.no_effect import is_default
+from ampnet.params import PARAMS, auto_inputs, check, pending_params
+from ampnet.precision import SUPPORTED_COMPENSATED, FLOAT16_SAFE_COMPENSATED, dtype_name, module_root
+from ampnet.precision import parse_amp_dtype, resolve_precision
 
 __all__ = [
-    "AutotuneResult",
-    "AUTOTUNE_DEFAULTS",
-    "CHOICE_KEYS",
-    "METADATA_KEY",
-    "check_amp_enabled",
-    "is_auto",
-    "autotune_settings",
-    "pending_params",
-    "effective_params",
-    "candidate_params",
-    "choose",
-    "read_saved_choice",
-    "add_saved_choice",
-    "plan_saved_choice",
+    "AutotuneResult", "CHOICE_KEYS", "SETTINGS", "probe_settings", "candidate_params", "choose", "label",
 ]
 
-#: The key of the choice in the module state's metadata (``save_params``).
-METADATA_KEY = "ampnet_autotune"
+#: The constructor parameters that a choice sets: the inputs of the choice in
+#: the parameter table, but the device.
+CHOICE_KEYS = tuple(name for name in PARAMS if name in auto_inputs() and name != "device")
 
-#: The constructor parameters a choice sets.
-CHOICE_KEYS = ("amp_enabled", "amp_dtype", "amp_level", "amp_master_weights", "memory_format")
-
-#: Defaults of the ``amp_autotune__*`` settings.
-AUTOTUNE_DEFAULTS: dict[str, Any] = {"steps": 5, "warmup": 1, "margin": 0.05, "min_cosine": 0.98, "timer": None}
+#: The ``amp_autotune__*`` settings (rows of the parameter table), without the prefix.
+SETTINGS = tuple(name.split("__", 1)[1] for name in PARAMS if name.startswith("amp_autotune__"))
 
 _EXTRA_WARMUP = 8  # steps a float16 candidate may take to reach finite gradients
 
@@ -146,110 +134,6 @@ SLOWER = 1.5
 #: Rounds a candidate is always timed in before it may stop (one slow round
 #: on a loaded machine does not rule it out).
 MIN_ROUNDS = 2
-
-AMP_ENABLED_CHOICES = (True, False, "auto")
-
-
-def is_auto(value: Any) -> bool:
-    """Whether ``amp_enabled`` is ``'auto'``."""
-    return isinstance(value, str) and value == "auto"
-
-
-def check_amp_enabled(value: Any) -> None:
-    """Refuse an ``amp_enabled`` other than True, False (Python or numpy) or ``'auto'``.
-
-    Raises
-    ------
-    ValueError
-      Naming the parameter, the value and the choices.
-    """
-    if is_bool(value) or is_auto(value):
-        return
-    raise ValueError(
-        f"amp_enabled must be True, False or 'auto'; got {describe(value)}. Fix: "
-        "amp_enabled=True (mixed precision), False (float32, as skorch) or 'auto' (measure "
-        "at the first fit which precision is fastest here, and use it)."
-    )
-
-
-def autotune_settings(given: Mapping[str, Any]) -> dict[str, Any]:
-    """The probe's settings: :data:`AUTOTUNE_DEFAULTS` updated with ``given``
-    (the net's ``amp_autotune__*`` parameters, without the prefix), checked.
-
-    Raises
-    ------
-    ValueError
-      An unknown setting or an invalid value, naming it and the valid choices.
-    """
-    unknown = sorted(set(given) - set(AUTOTUNE_DEFAULTS))
-    if unknown:
-        hints = []
-        for key in unknown:
-            close = difflib.get_close_matches(key, list(AUTOTUNE_DEFAULTS), n=1)
-            hints.append(f"amp_autotune__{key}" + (f" (did you mean amp_autotune__{close[0]}?)" if close else ""))
-        raise ValueError(
-            f"Unknown amp_autotune setting(s): {', '.join(hints)}. Valid settings are: "
-            f"{', '.join('amp_autotune__' + k for k in AUTOTUNE_DEFAULTS)}."
-        )
-    settings = {**AUTOTUNE_DEFAULTS, **given}
-    checks = {
-        "steps": (is_int(settings["steps"]) and settings["steps"] >= 1, "an int >= 1"),
-        "warmup": (is_int(settings["warmup"]) and settings["warmup"] >= 0, "an int >= 0"),
-        "margin": (is_number(settings["margin"]) and 0 <= settings["margin"] < 1, "a number in [0, 1)"),
-        "min_cosine": (is_number(settings["min_cosine"]) and -1 <= settings["min_cosine"] <= 1,
-                       "a number in [-1, 1]"),
-        "timer": (settings["timer"] is None or callable(settings["timer"]),
-                  "None or a callable timer(params, step) -> seconds"),
-    }
-    for name, (ok, expected) in checks.items():
-        if not ok:
-            raise ValueError(
-                f"amp_autotune__{name} must be {expected}; got {describe(settings[name])}. "
-                f"Fix: leave it at its default ({AUTOTUNE_DEFAULTS[name]!r}) or pass {expected}."
-            )
-    return settings
-
-
-def pending_params(params: Mapping[str, Any]) -> dict[str, Any]:
-    """The settings an ``'auto'`` net has before it has chosen: float32, in
-    the memory format it was given (the baseline candidate)."""
-    return {
-        "amp_enabled": False,
-        "amp_dtype": "auto",
-        "amp_level": "mixed",
-        "amp_master_weights": True,
-        "memory_format": params.get("memory_format", "preserve"),
-    }
-
-
-def effective_params(params: Mapping[str, Any], result: "AutotuneResult | None") -> dict[str, Any]:
-    """The precision parameters a net trains with: ``params`` (its own),
-    where ``amp_enabled='auto'`` stands for ``result``'s choice, or for
-    float32 before the choice (:func:`pending_params`).
-
-    Raises
-    ------
-    ValueError, TypeError
-      An ``amp_enabled`` other than True, False or ``'auto'``; with
-      ``'auto'``, AMP settings that would be invalid with AMP on.
-    """
-    from ampnet.precision.settings import read_settings
-
-    value = params.get("amp_enabled", False)
-    check_amp_enabled(value)
-    if not is_auto(value):
-        return dict(params)
-    try:
-        device = torch.device(params.get("device") or "cpu")
-    except (RuntimeError, TypeError):
-        device = torch.device("cpu")
-    if torch.amp.is_autocast_available(device.type) and (device.type != "cuda" or torch.cuda.is_available()):
-        # what it narrows the candidates to is valid (a master-weights setting narrows to 'pure')
-        pure = not (is_bool(params.get("amp_master_weights", True)) and params.get("amp_master_weights", True))
-        level = "pure" if pure else params.get("amp_level", "mixed")
-        read_settings({**params, "amp_enabled": True, "amp_level": level})
-    return {**params, **(result.params if result is not None else pending_params(params))}
-
 
 @dataclass
 class AutotuneResult:
@@ -296,10 +180,10 @@ class AutotuneResult:
     params: dict[str, Any]
     table: list[dict[str, Any]] = field(default_factory=list)
     device: str = "cpu"
-    steps: int = AUTOTUNE_DEFAULTS["steps"]
-    warmup: int = AUTOTUNE_DEFAULTS["warmup"]
-    margin: float = AUTOTUNE_DEFAULTS["margin"]
-    min_cosine: float = AUTOTUNE_DEFAULTS["min_cosine"]
+    steps: int = PARAMS["amp_autotune__steps"].default
+    warmup: int = PARAMS["amp_autotune__warmup"].default
+    margin: float = PARAMS["amp_autotune__margin"].default
+    min_cosine: float = PARAMS["amp_autotune__min_cosine"].default
     probe_s: float = 0.0
     source: str = "probe"
 
@@ -375,9 +259,16 @@ def label(params: Mapping[str, Any]) -> str:
 
 
 def _default_of(net: Any, name: str) -> bool:
-    from ampnet.precision.no_effect import is_default
-
     return is_default(net, name)
+
+
+def probe_settings(net: Any) -> dict[str, Any]:
+    """The probe's settings: the net's ``amp_autotune__*`` parameters
+    (checked by the parameter table when they were set), the table's
+    defaults for the others; without the prefix."""
+    given = net.get_params_for("amp_autotune")
+    return {name: check(f"amp_autotune__{name}", given.get(name, PARAMS[f"amp_autotune__{name}"].default))
+            for name in SETTINGS}
 
 
 def _optimizers(net: Any) -> list[torch.optim.Optimizer]:
@@ -387,30 +278,27 @@ def _optimizers(net: Any) -> list[torch.optim.Optimizer]:
 def candidate_params(net: Any) -> list[tuple[dict[str, Any], str | None]]:
     """The candidates for an initialized ``'auto'`` net, as (constructor
     parameters, reason not to measure or None); float32 first."""
-    from ampnet.precision import compensated as comp
-    from ampnet.precision.component import module_root
-    from ampnet.precision.policy import dtype_name, parse_amp_dtype, resolve_precision
-
     device = torch.device(net.device or "cpu")
+    own = {name: check(name, getattr(net, name)) for name in CHOICE_KEYS}
     module = net.__dict__.get("module_")
     has_module = isinstance(module, torch.nn.Module)
     four_d = has_module and any(t.dim() == 4 for t in [*module_root(module).parameters(), *module_root(module).buffers()])
-    if net.memory_format == "channels_last":
+    if own["memory_format"] == "channels_last":
         formats = ["channels_last"]
     else:
         formats = ["preserve", "channels_last"] if four_d else ["preserve"]
     out: list[tuple[dict[str, Any], str | None]] = [
-        ({**pending_params({}), "memory_format": f}, None) for f in formats
+        (pending_params(f), None) for f in formats
     ]
-    dtype = parse_amp_dtype(net.amp_dtype)
+    dtype = parse_amp_dtype(own["amp_dtype"])
     if dtype is None:
         try:
             dtype = resolve_precision(True, "auto", device).compute_dtype
         except ValueError as exc:  # no autocast for this device
             out.append(({"amp_enabled": True, "amp_dtype": "auto"}, f"not measured: {exc}"))
             return out
-    masters = net.amp_master_weights
-    levels = ["pure"] if (net.amp_level == "pure" or not _default_of(net, "amp_master_weights")) else ["mixed", "pure"]
+    masters = own["amp_master_weights"]
+    levels = ["pure"] if (own["amp_level"] == "pure" or not _default_of(net, "amp_master_weights")) else ["mixed", "pure"]
     amp = []
     for level in levels:
         if level == "mixed":
@@ -419,7 +307,7 @@ def candidate_params(net: Any) -> list[tuple[dict[str, Any], str | None]]:
         if not has_module:
             continue
         if _default_of(net, "amp_master_weights"):
-            fit = all(isinstance(o, comp.SUPPORTED) and (dtype != torch.float16 or isinstance(o, comp.FLOAT16_SAFE))
+            fit = all(isinstance(o, SUPPORTED_COMPENSATED) and (dtype != torch.float16 or isinstance(o, FLOAT16_SAFE_COMPENSATED))
                       for o in _optimizers(net))
             chosen_masters = "compensated" if fit and _optimizers(net) else True
         else:
@@ -491,104 +379,3 @@ def choose(table: list[dict[str, Any]], margin: float) -> int:
             row["reason"] = (f"slower than {label(table[best]['params'])}"
                              if faster is not None and row.get("step_time_s") is not None else "not chosen")
     return best
-
-
-# ---- saved choices ------------------------------------------------------------------
-
-
-def check_choice(value: Any) -> dict[str, Any] | None:
-    """A saved choice as parameters, or None if ``value`` is not one (an
-    untrusted file: only the keys and value types of :data:`CHOICE_KEYS`)."""
-    if not isinstance(value, Mapping) or set(value) != set(CHOICE_KEYS):
-        return None
-    ok = (
-        isinstance(value["amp_enabled"], bool)
-        and isinstance(value["amp_dtype"], str)
-        and value["amp_level"] in ("mixed", "pure")
-        and (isinstance(value["amp_master_weights"], bool) or value["amp_master_weights"] == "compensated")
-        and value["memory_format"] in ("preserve", "channels_last")
-    )
-    return dict(value) if ok else None
-
-
-def read_saved_choice(state: Any) -> dict[str, Any] | None:
-    """The choice stored in a module state's metadata by ``save_params``, if any."""
-    meta = getattr(state, "_metadata", None)
-    root = meta.get("") if isinstance(meta, Mapping) else None
-    return check_choice(root.get(METADATA_KEY)) if isinstance(root, Mapping) else None
-
-
-
-def add_saved_choice(net: Any, state: Any) -> None:
-    """Write an ``'auto'`` net's choice into the metadata of its module
-    ``state`` (a ``state_dict``), for ``save_params``."""
-    result = net.__dict__.get("amp_autotune_")
-    meta = getattr(state, "_metadata", None)
-    if result is None or not is_auto(getattr(net, "amp_enabled", False)) or meta is None:
-        return
-    meta.setdefault("", {})[METADATA_KEY] = dict(result.params)
-
-
-def plan_saved_choice(net: Any, state: Any, source: str) -> Any:
-    """The load step (:class:`ampnet.io.rollback.Step`) that makes an
-    ``'auto'`` net without a choice take the one saved with its module
-    ``state``; a step that only warns when the net has chosen otherwise or
-    cannot use the saved choice; None when there is nothing to do."""
-    from ampnet.io.rollback import Step
-    from ampnet.precision.component import Precision, module_root
-    from ampnet.precision.kernels import ampnet_kernels
-    from ampnet.precision.settings import read_settings
-
-    if not is_auto(getattr(net, "amp_enabled", False)):
-        return None
-    saved = read_saved_choice(state)
-    if saved is None:
-        return None
-
-    def nothing() -> Callable[[], None]:
-        return lambda: None
-
-    own = net.__dict__.get("amp_autotune_")
-    if own is not None:
-        if own.params == saved:
-            return None
-        return Step(source, lambda: None, nothing, (
-            f"{source} was saved by a net whose amp_enabled='auto' chose {label(saved)}; this net "
-            f"chose {label(own.params)} and keeps its own choice. To train with the saved one, "
-            f"pass {saved!r} to the constructor."))
-    try:
-        settings = read_settings({**net.precision_params(), **saved})
-        Precision(settings, net.precision_.scaler).check_optimizers(
-            [(n, o) for n in net._optimizers if isinstance(o := net.__dict__.get(n + "_"), torch.optim.Optimizer)],
-            ampnet_kernels(net))  # adopting the choice rebuilds them with the kernel for it
-    except (ValueError, TypeError) as exc:
-        return Step(source, lambda: None, nothing, (
-            f"{source} holds the choice of amp_enabled='auto' {label(saved)}, which this net "
-            f"cannot use ({exc}); it measures its own at its next fit."))
-
-    def adopt() -> None:
-        net.adopt_autotune(AutotuneResult(params=saved, device=str(net.device), source="loaded"))
-
-    def snapshot() -> Callable[[], None]:
-        saved_dict = dict(net.__dict__)
-        prec = net.__dict__.get("precision_")
-        prec_vars = dict(vars(prec)) if prec is not None else {}
-        module = net.__dict__.get("module_")
-        root = module_root(module) if isinstance(module, torch.nn.Module) else None
-        datas = [(t, t.data) for t in [*root.parameters(), *root.buffers()]] if root is not None else []
-
-        def restore() -> None:
-            current = net.__dict__.get("precision_")
-            if current is not prec and current is not None and root is not None:
-                current.detach(root)
-            for tensor, data in datas:
-                tensor.data = data
-            if prec is not None:
-                vars(prec).clear()
-                vars(prec).update(prec_vars)
-            net.__dict__.clear()
-            net.__dict__.update(saved_dict)
-
-        return restore
-
-    return Step(source, adopt, snapshot)

@@ -23,14 +23,14 @@ from typing import Any
 import torch
 
 from ampnet.exceptions import amp_warn
+from ampnet.params import PARAMS, amp_only, check, is_auto
 
 __all__ = ["ineffective_settings", "warn_ineffective_settings", "is_default"]
 
-#: Parameters that only act with ``amp_enabled=True``.
-AMP_ONLY = ("amp_dtype", "amp_level", "amp_master_weights", "amp_fp32_modules", "amp_modules")
-
-
 def _default(net: Any, name: str) -> Any:
+    row = PARAMS.get(name)
+    if row is not None:
+        return row.default
     for klass in type(net).__mro__:
         init = vars(klass).get("__init__")
         if init is None:
@@ -46,6 +46,11 @@ def is_default(net: Any, name: str) -> bool:
     value, default = getattr(net, name), _default(net, name)
     if value is default:
         return True
+    if name in PARAMS and not isinstance(default, type):
+        try:  # one rule for string choices: 'Mixed ' is the default 'mixed'
+            value = check(name, value)
+        except (ValueError, TypeError):
+            return False
     if isinstance(value, str) and isinstance(default, str):
         return value.strip().lower() == default
     try:
@@ -68,11 +73,11 @@ def ineffective_settings(net: Any) -> list[str]:
     effect, with the fix; empty when every setting acts."""
     policy = net.precision_policy_
     notes = []
-    auto = isinstance(net.amp_enabled, str) and net.amp_enabled == "auto"  # they narrow its candidates
+    auto = is_auto(net.amp_enabled)  # they narrow its candidates
     if auto:
         pass
     elif not policy.enabled:
-        names = [n for n in AMP_ONLY if not is_default(net, n)]
+        names = [n for n in amp_only() if not is_default(net, n)]
         shown = [_setting(n, getattr(net, n)) for n in names]
         if shown:
             one = len(shown) == 1
@@ -82,7 +87,7 @@ def ineffective_settings(net: Any) -> list[str]:
                 f"{'it, or leave it at its default' if one else 'them, or leave them at their defaults'}."
             )
     else:
-        if policy.level == "mixed" and net.amp_master_weights is False:
+        if policy.level == "mixed" and check("amp_master_weights", net.amp_master_weights) is False:
             notes.append(
                 "amp_master_weights=False has no effect with amp_level='mixed' (the weights "
                 "are float32 already). Set amp_level='pure' to use it, or drop it."
@@ -95,7 +100,7 @@ def ineffective_settings(net: Any) -> list[str]:
                 "amp_modules. It trains as amp_level='mixed'."
             )
     module = getattr(net, "module_", None)
-    if net.memory_format == "channels_last" and isinstance(module, torch.nn.Module):
+    if check("memory_format", net.memory_format) == "channels_last" and isinstance(module, torch.nn.Module):
         if not _has_4d(module):
             notes.append(
                 f"memory_format='channels_last' has no effect: {type(module).__name__} has no "

@@ -14,10 +14,8 @@ from typing import Any
 import torch
 from skorch.dataset import unpack_data
 
-from ampnet.precision.plan import is_inside
 from ampnet._tree import iter_tensors
-from ampnet.precision.component import module_root
-from ampnet.precision.policy import dtype_name
+from ampnet.precision import dtype_name, is_inside, module_root
 
 __all__ = ["PrecisionReport", "ModuleReport", "build_report", "NEAR_OVERFLOW", "UNDERFLOW_FLAG"]
 

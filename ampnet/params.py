@@ -1,0 +1,362 @@
+"""Every AMP parameter of a net, once: its default, its check, what a change
+rebuilds on a fitted net, and whether a change drops ``amp_enabled='auto'``'s
+choice.
+
+This table is the one place that says what a parameter is. The constructor's
+defaults (a test compares them), ``initialize`` and ``set_params``
+(:mod:`ampnet.reconfigure`), the warnings for settings that do nothing
+(:mod:`ampnet.no_effect`), the inputs of ``'auto'`` and the parameter table of
+the documentation (:func:`markdown_table`; a test compares it with
+``docs/user_guide/precision.md``) all read it. Adding a parameter means one row
+here plus the code that uses it.
+
+String choices follow one rule: case and surrounding spaces do not matter
+(``amp_level='Pure '`` is ``'pure'``); the value is stored as given
+(scikit-learn's ``clone`` needs that) and read through :func:`check`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from dataclasses import dataclass
+from numbers import Integral, Real
+from types import MappingProxyType
+from typing import Any, Callable, Iterable, Mapping
+
+import torch
+
+from ampnet.precision import GradScaler, check_device, dtype_name, parse_amp_dtype, parse_selectors
+from ampnet.precision import validate_scaler_settings
+from ampnet.validation import describe, is_bool
+
+__all__ = [
+    "Param", "PARAMS", "REBUILDS", "check", "check_all", "check_names", "is_auto", "rebuilds", "auto_inputs",
+    "constructor_defaults", "amp_only", "pending_params", "markdown_table",
+    "NOTHING", "LIVE_SCALER", "SCALER", "STEP", "PRECISION", "LAYOUT", "PARALLEL",
+]
+
+# ---- what a change rebuilds on a fitted net ------------------------------------------
+
+#: Stored; read where it is used (no component changes).
+NOTHING = "nothing"
+#: The live loss scaler takes the setting in place.
+LIVE_SCALER = "live scaler"
+#: A new loss scaler (the scale restarts at ``init_scale``).
+SCALER = "scaler"
+#: The training step's state (whether optimizers step through skorch's closure).
+STEP = "step state"
+#: A new precision component over the same module layout.
+PRECISION = "precision"
+#: The module moves to a new precision layout (weights kept); optimizers are
+#: rebuilt where their parameters or their kernel change.
+LAYOUT = "precision layout"
+#: The data-parallel component, built at the next ``initialize()``.
+PARALLEL = "data parallelism"
+
+REBUILDS = (NOTHING, LIVE_SCALER, SCALER, STEP, PRECISION, LAYOUT, PARALLEL)
+
+
+@dataclass(frozen=True)
+class Param:
+    """One row of the table.
+
+    Attributes
+    ----------
+    name : str
+      The parameter, as ``get_params()`` names it.
+    default : object
+      Its default (for ``grad_scaler__*``: the default scaler class's).
+    check : callable
+      ``check(value) -> value``: the value read the way ampnet uses it
+      (string choices in their canonical spelling), or raises ``ValueError``
+      / ``TypeError`` naming the parameter, the value, the choices and a fix.
+    rebuilds : tuple of str
+      What a change rebuilds on a fitted net (:data:`REBUILDS`).
+    auto_input : bool
+      A change drops ``amp_enabled='auto'``'s choice: the next fit probes again.
+    amp_only : bool
+      Acts only with AMP on: a value other than the default on an AMP-off net
+      gets the "has no effect" warning.
+    doc : str
+      One line for the documentation's table.
+    """
+
+    name: str
+    default: Any
+    check: Callable[[Any], Any]
+    rebuilds: tuple[str, ...]
+    auto_input: bool
+    amp_only: bool
+    doc: str
+
+
+# ---- checks ----------------------------------------------------------------------------
+
+
+def _refuse(name: str, value: Any, expected: str, fix: str, error: type = ValueError) -> Exception:
+    return error(f"{name} must be {expected}; got {describe(value)}. Fix: {fix}")
+
+
+def _choice(name: str, choices: tuple[Any, ...], fix: str) -> Callable[[Any], Any]:
+    """A check for a value among ``choices`` (booleans as Python or numpy
+    booleans; strings whatever their case and surrounding spaces)."""
+    shown = ", ".join(repr(c) for c in choices)
+
+    def check(value: Any) -> Any:
+        if is_bool(value) and any(c is True or c is False for c in choices):
+            return bool(value)
+        if isinstance(value, str):
+            key = value.strip().lower()
+            for c in choices:
+                if isinstance(c, str) and c == key:
+                    return c
+        raise _refuse(name, value, f"one of {shown}", fix)
+
+    return check
+
+
+def _int_at_least(name: str, low: int, high: int | None, fix: str, optional: bool = False) -> Callable[[Any], Any]:
+    def check(value: Any) -> Any:
+        if optional and value is None:
+            return None
+        if isinstance(value, Integral) and not is_bool(value) and low <= value and (high is None or value <= high):
+            return int(value)
+        span = f"an int >= {low}" if high is None else f"an int in [{low}, {high}]"
+        raise _refuse(name, value, ("None or " if optional else "") + span, fix)
+
+    return check
+
+
+def _number_in(name: str, low: float, high: float, high_open: bool, fix: str) -> Callable[[Any], Any]:
+    def check(value: Any) -> Any:
+        if isinstance(value, Real) and not is_bool(value):
+            try:
+                x = float(value)
+            except OverflowError:
+                x = math.inf
+            if low <= x and (x < high if high_open else x <= high):
+                return value
+        raise _refuse(name, value, f"a number in [{low:g}, {high:g}{')' if high_open else ']'}", fix)
+
+    return check
+
+
+def _amp_enabled(value: Any) -> Any:
+    return _choice("amp_enabled", (True, False, "auto"),
+                   "amp_enabled=True (mixed precision), False (float32, as skorch) or 'auto' (measure "
+                   "at the first fit which precision is fastest here, and use it).")(value)
+
+
+def _amp_dtype(value: Any) -> Any:
+    dtype = parse_amp_dtype(value)  # raises, naming amp_dtype, the choices and a fix
+    return "auto" if dtype is None else dtype_name(dtype)
+
+
+def _selectors(name: str) -> Callable[[Any], Any]:
+    def check(value: Any) -> Any:
+        parse_selectors(value, name)
+        return value
+
+    return check
+
+
+def _grad_scaler(value: Any) -> Any:
+    if isinstance(value, torch.amp.GradScaler) or (isinstance(value, type) and issubclass(value, torch.amp.GradScaler)):
+        return value
+    raise _refuse("grad_scaler", value, "a torch.amp.GradScaler subclass or instance",
+                  "grad_scaler=ampnet.GradScaler (the default), or an instance such as "
+                  "ampnet.GradScaler(init_scale=256.0).")
+
+
+def _scaler_setting(setting: str) -> Callable[[Any], Any]:
+    def check(value: Any) -> Any:
+        validate_scaler_settings(**{setting: value})  # names grad_scaler__<setting>
+        return value
+
+    return check
+
+
+def _device(value: Any) -> Any:
+    check_device(value)
+    return value
+
+
+def _bool(name: str, fix: str) -> Callable[[Any], Any]:
+    return _choice(name, (True, False), fix)
+
+
+def _row(name: str, default: Any, check: Callable[[Any], Any], rebuilds: Iterable[str], doc: str,
+         auto_input: bool = False, amp_only: bool = False) -> Param:
+    return Param(name, default, check, tuple(rebuilds), auto_input, amp_only, doc)
+
+
+_ROWS = [
+    _row("amp_enabled", False, _amp_enabled, (LAYOUT, SCALER), auto_input=True,
+         doc="True: mixed precision; False: float32, as skorch; 'auto': measure at the first fit what pays off"),
+    _row("amp_dtype", "auto", _amp_dtype, (LAYOUT, SCALER), auto_input=True, amp_only=True,
+         doc="'auto' (bfloat16 where supported, else float16), 'bfloat16' or 'float16'"),
+    _row("amp_level", "mixed",
+         _choice("amp_level", ("mixed", "pure"),
+                 "amp_level='mixed' (float32 weights, autocast) or 'pure' (weights stored in low precision)."),
+         (LAYOUT,), auto_input=True, amp_only=True,
+         doc="'mixed': float32 weights under autocast; 'pure': weights stored in the low-precision dtype"),
+    _row("amp_master_weights", True,
+         _choice("amp_master_weights", (True, False, "compensated"),
+                 "amp_master_weights=True (float32 masters, the default), False (the optimizer updates the "
+                 "low-precision weights) or 'compensated' (a low-precision compensation buffer, no float32 copy)."),
+         (LAYOUT,), auto_input=True, amp_only=True,
+         doc="'pure' only: float32 master copies (True), none (False) or 'compensated' (Kahan)"),
+    _row("amp_fp32_modules", None, _selectors("amp_fp32_modules"), (LAYOUT,), amp_only=True,
+         doc="modules kept in float32 (classes, globs, regexes), or 'auto' (those that overflow)"),
+    _row("amp_modules", None, _selectors("amp_modules"), (LAYOUT,), amp_only=True,
+         doc="the only modules that run in low precision (None: all)"),
+    _row("memory_format", "preserve",
+         _choice("memory_format", ("preserve", "channels_last"),
+                 "memory_format='channels_last' for convolutional models, else 'preserve'."),
+         (LAYOUT,), auto_input=True, doc="'channels_last' for convolutional models"),
+    _row("grad_scaler", GradScaler, _grad_scaler, (SCALER,),
+         doc="the loss scaler's class or instance (float16)"),
+    _row("gradient_accumulation_steps", 1,
+         _int_at_least("gradient_accumulation_steps", 1, None,
+                       "gradient_accumulation_steps=1 (a step per batch) or the number of batches per step."),
+         (STEP,), doc="micro-batches per optimizer step"),
+    _row("amp_max_consecutive_skips", 50,
+         _int_at_least("amp_max_consecutive_skips", 1, None,
+                       "amp_max_consecutive_skips=50 (the default), another int >= 1, or None (never stop).",
+                       optional=True),
+         (NOTHING,), doc="skipped steps in a row that stop the fit (None: never)"),
+    _row("amp_skip_nonfinite", True,
+         _bool("amp_skip_nonfinite", "amp_skip_nonfinite=True (skip steps with NaN/inf gradients) or False."),
+         (PRECISION, STEP), doc="skip optimizer steps whose gradients hold NaN/inf"),
+    _row("distributed", "auto",
+         _choice("distributed", ("auto", True, False),
+                 "distributed='auto' (on when a torch.distributed process group is initialized), True or False."),
+         (PARALLEL,), doc="data-parallel training: 'auto', True or False"),
+    _row("device", "cpu", _device, (SCALER, PRECISION), auto_input=True,
+         doc="skorch's device; AMP follows it"),
+]
+# the loss scaler's settings (ampnet.GradScaler's; another scaler class has its own)
+_LIVE = ("growth_factor", "backoff_factor", "growth_interval", "min_scale", "max_scale", "hysteresis")
+_SCALER_DEFAULTS = {"init_scale": 2.0**16, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000,
+                    "min_scale": 1.0, "max_scale": 2.0**24, "hysteresis": 1, "enabled": True, "dynamic": True}
+for _name, _default in _SCALER_DEFAULTS.items():
+    _ROWS.append(_row(f"grad_scaler__{_name}", _default, _scaler_setting(_name),
+                      (LIVE_SCALER,) if _name in _LIVE else (SCALER,),
+                      doc="loss-scaler setting" + (", changed on the live scaler" if _name in _LIVE else "")))
+_ROWS += [
+    _row("amp_autotune__steps", 5,
+         _int_at_least("amp_autotune__steps", 1, 100, "leave it at 5, or pass an int in [1, 100]."),
+         (NOTHING,), doc="'auto': timed rounds per candidate"),
+    _row("amp_autotune__warmup", 1,
+         _int_at_least("amp_autotune__warmup", 0, 100, "leave it at 1, or pass an int in [0, 100]."),
+         (NOTHING,), doc="'auto': untimed steps per candidate"),
+    _row("amp_autotune__margin", 0.05,
+         _number_in("amp_autotune__margin", 0.0, 1.0, True, "leave it at 0.05, or pass a number in [0, 1)."),
+         (NOTHING,), doc="'auto': how much faster than float32 AMP must be"),
+    _row("amp_autotune__min_cosine", 0.98,
+         _number_in("amp_autotune__min_cosine", -1.0, 1.0, False, "leave it at 0.98, or pass a number in [-1, 1]."),
+         (NOTHING,), doc="'auto': agreement of a candidate's first gradients with float32's"),
+]
+
+#: The table, by name.
+PARAMS: Mapping[str, Param] = MappingProxyType({row.name: row for row in _ROWS})
+del _name, _default
+
+
+# ---- reading the table -------------------------------------------------------------------
+
+
+def check(name: str, value: Any) -> Any:
+    """``value`` of parameter ``name`` as ampnet reads it, checked (see
+    :class:`Param`). A name that is not in the table is returned as is (a
+    ``grad_scaler__*`` setting of another scaler class, checked with that
+    class's settings).
+
+    Raises
+    ------
+    ValueError, TypeError
+      Naming the parameter, the value, the valid choices and a fix.
+    """
+    row = PARAMS.get(name)
+    return value if row is None else row.check(value)
+
+
+def check_all(params: Mapping[str, Any]) -> dict[str, Any]:
+    """Every table parameter of ``params`` checked (:func:`check`); the
+    others are returned as they are."""
+    return {name: check(name, value) for name, value in params.items()}
+
+
+def check_names(prefix: str, given: Mapping[str, Any]) -> None:
+    """Refuse ``<prefix>__<name>`` settings that the table does not list
+    (``given``: names without the prefix), suggesting the closest.
+
+    Raises
+    ------
+    ValueError
+      Naming the unknown settings and the valid ones.
+    """
+    valid = [name.split("__", 1)[1] for name in PARAMS if name.startswith(prefix + "__")]
+    unknown = sorted(set(given) - set(valid))
+    if not unknown:
+        return
+    hints = []
+    for key in unknown:
+        close = difflib.get_close_matches(key, valid, n=1)
+        hints.append(f"{prefix}__{key}" + (f" (did you mean {prefix}__{close[0]}?)" if close else ""))
+    raise ValueError(
+        f"Unknown {prefix} setting(s): {', '.join(hints)}. Valid settings are: "
+        f"{', '.join(prefix + '__' + v for v in valid)}. Fix: correct the name, or drop it.")
+
+
+def is_auto(value: Any) -> bool:
+    """Whether an ``amp_enabled`` value means ``'auto'``."""
+    return isinstance(value, str) and value.strip().lower() == "auto"
+
+
+def rebuilds(names: Iterable[str]) -> set[str]:
+    """What changing the parameters ``names`` rebuilds on a fitted net
+    (a ``grad_scaler__*`` setting outside the table: a new scaler; a
+    parameter outside the table: nothing of ampnet's)."""
+    out: set[str] = set()
+    for name in names:
+        row = PARAMS.get(name)
+        if row is not None:
+            out.update(row.rebuilds)
+        elif name.startswith("grad_scaler__"):
+            out.add(SCALER)
+    return out
+
+
+def auto_inputs() -> frozenset[str]:
+    """The parameters whose change drops ``amp_enabled='auto'``'s choice."""
+    return frozenset(row.name for row in _ROWS if row.auto_input)
+
+
+def amp_only() -> tuple[str, ...]:
+    """The parameters that act only with AMP on."""
+    return tuple(row.name for row in _ROWS if row.amp_only)
+
+
+def constructor_defaults() -> dict[str, Any]:
+    """The AMP parameters of ``AmpNet.__init__`` with their defaults."""
+    return {row.name: row.default for row in _ROWS if "__" not in row.name and row.name != "device"}
+
+
+def pending_params(memory_format: Any = "preserve") -> dict[str, Any]:
+    """The precision parameters of an ``'auto'`` net before it has chosen:
+    float32, in the memory format it was given (the baseline candidate)."""
+    return {"amp_enabled": False, "amp_dtype": "auto", "amp_level": "mixed", "amp_master_weights": True,
+            "memory_format": memory_format}
+
+
+def markdown_table() -> str:
+    """The table as the documentation shows it."""
+    lines = ["| parameter | default | a change on a fitted net rebuilds | drops auto's choice | what it does |",
+             "|---|---|---|---|---|"]
+    for row in _ROWS:
+        default = row.default.__name__ if isinstance(row.default, type) else repr(row.default)
+        lines.append(f"| `{row.name}` | `{default}` | {', '.join(row.rebuilds)} | "
+                     f"{'yes' if row.auto_input else 'no'} | {row.doc} |")
+    return "\n".join(lines)
