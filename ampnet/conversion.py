@@ -186,6 +186,7 @@ class ConversionMixin:
         path : str
           The path written.
         """
+        # the exporter loads torch.onnx / torch.export, which importing ampnet need not
         from ampnet.export import export_net
 
         return export_net(self, path, X_example, format=format, dtype=dtype)

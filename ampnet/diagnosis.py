@@ -154,6 +154,7 @@ def _forward_loss(net: Any, replica: torch.nn.Module, Xi: Any, yi: Any, fit_para
     if getattr(net.parallel_, "ddp", None) is None:
         y_pred = net.infer(Xi, **fit_params)
     else:  # without DDP's wrapper, which would synchronize with the other ranks
+        # skorch's NeuralNet: this module is imported by ampnet.net, itself a NeuralNet mixin
         from skorch import NeuralNet
 
         x = prec.convert_input(Xi, replica, net.device)

@@ -47,6 +47,7 @@ __all__ = ["adapt_recording_hooks", "ActivationHook", "GradientHook", "GradientO
 
 def _doctor_functions() -> tuple[Callable | None, Callable | None]:
     try:
+        # optional: skorch's private SkorchDoctor module, absent from some releases
         from skorch import _doctor
     except ImportError:  # a skorch without SkorchDoctor
         return None, None

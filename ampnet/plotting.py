@@ -56,6 +56,7 @@ def plot_precision(net: Any, figsize: tuple[float, float] | None = None) -> Any:
       A net whose history holds no epoch.
     """
     try:
+        # optional dependency: matplotlib (the plot extra)
         from matplotlib.ticker import MaxNLocator
 
         from ampnet._png_figure import PngFigure

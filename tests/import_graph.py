@@ -111,8 +111,15 @@ def cycles(g):
     return found
 
 
+#: Modules that belong to the net's layer though their package is lower: the
+#: net's own mixins.
+NET_MIXINS = ("ampnet.io.persistence",)
+
+
 def layer(module: str) -> int:
     """The index in :data:`LAYERS` of ``module``'s layer."""
+    if module in NET_MIXINS:
+        return len(LAYERS) - 1
     for index, (_, prefixes) in enumerate(LAYERS):
         if any(module == p or module.startswith(p + ".") for p in prefixes):
             return index

@@ -134,51 +134,19 @@ def test_amp_monitor_keeps_one_host_read_per_step(settings):
 # --- where code lives: imports (parsed with ast, deferred imports inside functions included)
 
 import ast  # noqa: E402
-import pathlib  # noqa: E402
 
-ROOT = pathlib.Path(ampnet.__file__).resolve().parent.parent
+import import_graph  # noqa: E402  (the one reader of the import graph, shared with tools/structure_report.py)
+from import_graph import ROOT  # noqa: E402
+
 PACKAGES = ("ampnet", "ampnet_bench")
 
 
-def _module_name(path):
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
 def _source_files():
-    for package in PACKAGES:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            yield _module_name(path), path
-
-
-def _is_module(dotted):
-    path = ROOT / pathlib.Path(*dotted.split("."))
-    return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
+    return import_graph.source_files(PACKAGES)
 
 
 def _imports(name, path):
-    """The modules ``name`` imports (``from a import b`` counts as ``a.b``
-    when ``a.b`` is a module), each with its line number."""
-    tree = ast.parse(path.read_text(), str(path))
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    found = []
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found += [(alias.name, node.lineno) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")
-                anchor = anchor[: len(anchor) - node.level + 1]
-                base = ".".join(anchor + ([base] if base else []))
-            submodules = [f"{base}.{alias.name}" for alias in node.names
-                          if _is_module(f"{base}.{alias.name}")]
-            if len(submodules) < len(node.names):  # not only submodules: the names come from base
-                found.append((base, node.lineno))
-            found += [(sub, node.lineno) for sub in submodules]
-    return found
+    return [(module, line) for module, line, _ in import_graph.imports(name, path)]
 
 
 def test_precision_is_imported_through_its_front_door():
@@ -196,7 +164,7 @@ def test_precision_is_imported_through_its_front_door():
     assert len(precision.__all__) == len(set(precision.__all__))
     missing = [n for n in precision.__all__ if not hasattr(precision, n)]
     assert missing == []
-    for public in ("Precision", "PrecisionPolicy", "resolve_precision", "GradScaler", "PrecisionReport",
+    for public in ("Precision", "PrecisionPolicy", "resolve_precision", "GradScaler",
                    "MemoryReport", "PrecisionLayout"):
         assert public in precision.__all__
 
@@ -211,57 +179,118 @@ def test_import_ampnet_in_a_fresh_interpreter():
     assert result.returncode == 0, result.stderr
 
 
-def _import_graph(prefix):
-    """Module -> the modules it imports, among the modules under ``prefix``."""
-    modules = {n: p for n, p in _source_files() if n == prefix or n.startswith(prefix + ".")}
-    return {n: {i for i, _ in _imports(n, p) if i in modules and i != n} for n, p in modules.items()}
-
-
-def _cycles(graph):
-    """The import cycles of ``graph``, each as a list of modules."""
-    cycles, done = [], set()
-
-    def visit(node, path):
-        if node in path:
-            cycles.append(path[path.index(node):] + [node])
-            return
-        if node in done:
-            return
-        for nxt in sorted(graph[node]):
-            visit(nxt, path + [node])
-        done.add(node)
-
-    for node in sorted(graph):
-        visit(node, [])
-    return cycles
-
-
 def test_cycle_finder_finds_a_cycle():
-    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
-    assert _cycles({"a": {"b"}, "b": set()}) == []
+    assert import_graph.cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+    assert import_graph.cycles({"a": {"b"}, "b": set()}) == []
 
 
-def test_precision_modules_import_without_cycles():
-    # deferred imports inside functions count: a cycle hidden in a function is still a cycle
-    graph = _import_graph("ampnet.precision")
-    assert "ampnet.precision.component" in graph and "ampnet.precision.auto_probe" in graph
-    assert _cycles(graph) == []
+def test_import_reader_sees_deferred_imports_and_skips_type_checking(tmp_path, monkeypatch):
+    source = tmp_path / "ampnet" / "mod.py"
+    source.parent.mkdir()
+    source.write_text(
+        "from typing import TYPE_CHECKING\nimport ampnet.a\nif TYPE_CHECKING:\n    import ampnet.b\n"
+        "def f():\n    import ampnet.c\n")
+    monkeypatch.setattr(import_graph, "ROOT", tmp_path)
+    found = {(m, inside) for m, _, inside in import_graph.imports("ampnet.mod", source)}
+    assert ("ampnet.a", False) in found and ("ampnet.c", True) in found
+    assert not any(m == "ampnet.b" for m, _ in found)
 
 
-def test_precision_calls_no_private_method_of_the_net():
-    # the net's protocol for the precision component is public (relayout_precision, ...)
-    calls = []
+def test_no_import_circle_in_the_whole_package():
+    # imports inside functions count: a circle hidden in a function is still a circle
+    graph = import_graph.graph("ampnet")
+    assert "ampnet.precision.component" in graph and "ampnet.auto.probe" in graph and "ampnet.net" in graph
+    assert import_graph.cycles(graph) == []
+
+
+def test_every_module_has_a_layer_and_no_lower_layer_imports_a_higher_one():
+    graph = import_graph.graph("ampnet")
+    for module in graph:
+        import_graph.layer(module)  # raises KeyError for a module no layer names
+    assert import_graph.back_arrows(graph) == []
+
+
+def test_precision_imports_nothing_above_it_and_touches_no_net():
+    graph = import_graph.graph("ampnet")
+    above = {m for m in graph if import_graph.layer(m) > import_graph.layer("ampnet.precision")}
+    for module, targets in graph.items():
+        if module.startswith("ampnet.precision"):
+            assert not targets & above, (module, sorted(targets & above))
+    found = []
     for name, path in _source_files():
-        if not name.startswith("ampnet.precision"):
+        if name.startswith("ampnet.precision"):
+            text = path.read_text()
+            found += [f"{name}: {word}" for word in ("net.__dict__", "vars(net)", "net.module_") if word in text]
+    assert found == []
+
+
+def test_imports_inside_functions_only_for_optional_dependencies():
+    # each deferred import names the optional dependency (or the lazily loaded package) on its line
+    # or the line before, in a comment
+    lines = {}
+    unexplained = []
+    for module, line, imported in import_graph.function_imports():
+        path = next(p for n, p in _source_files() if n == module)
+        text = lines.setdefault(path, path.read_text().splitlines())
+        window = " ".join(text[max(0, line - 4):line])
+        if "#" not in window:
+            unexplained.append(f"{module}:{line} imports {imported}")
+    assert unexplained == []
+
+
+def test_the_auto_wing_has_one_door():
+    # outside ampnet/auto, ampnet imports only the package itself, never its modules
+    outside = []
+    for name, path in _source_files():
+        if name == "ampnet.auto" or name.startswith("ampnet.auto."):
+            continue
+        outside += [f"{name}:{line} imports {module}" for module, line in _imports(name, path)
+                    if module.startswith("ampnet.auto.")]
+    assert outside == []
+    import ampnet.auto
+
+    assert callable(ampnet.auto.resolve)
+
+
+#: skorch's own private names that ampnet's modules above precision may use (its documented
+#: extension points: the lists of a net's modules, criteria and optimizers, and init contexts)
+SKORCH_PRIVATE = {"_modules", "_criteria", "_optimizers", "_current_init_context", "_format_reinit_msg",
+                  "_initialize_optimizer", "_zero_grad_optimizer", "_validate_params", "_params_to_validate",
+                  "_trimmed_for_prediction", "_get_module", "_check_device", "_set_training",
+                  "_initialize_module", "_get_predict_nonlinearity", "_default_callbacks", "_check_kwargs",
+                  "_module_initialized"}
+
+
+def _private_uses_of_net(prefixes):
+    uses = []
+    for name, path in _source_files():
+        if not name.startswith(prefixes):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
-            func = getattr(node, "func", None) if isinstance(node, ast.Call) else None
-            if (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name)
-                    and func.value.id == "net" and func.attr.startswith("_")):
-                calls.append(f"{path.relative_to(ROOT)}:{node.lineno} net.{func.attr}()")
-    assert calls == []
-    for method in ("relayout_precision", "adopt_autotune", "autotune_copy", "precision_params"):
-        assert callable(getattr(AmpNetClassifier, method))
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                    and node.value.id == "net" and node.attr.startswith("_") and not node.attr.startswith("__")):
+                uses.append((f"{path.relative_to(ROOT)}:{node.lineno}", node.attr))
+    return uses
+
+
+def test_the_guard_catches_private_reads_as_well_as_calls(tmp_path):
+    tree = ast.parse("net._optimizers\nnet._x()\nnet.public\n")
+    found = [n.attr for n in ast.walk(tree)
+             if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.attr.startswith("_")]
+    assert sorted(found) == ["_optimizers", "_x"]
+
+
+def test_precision_reads_no_private_attribute_of_a_net():
+    assert _private_uses_of_net(("ampnet.precision",)) == []
+
+
+def test_ampnet_reads_only_skorch_s_private_names_of_a_net():
+    # ampnet's own protocol has no private trampolines on the net: what a module
+    # needs of another it imports; skorch's private names are its extension points
+    ours = [f"{where} net.{attr}" for where, attr in _private_uses_of_net(("ampnet",)) if attr not in SKORCH_PRIVATE]
+    assert ours == []
+    for gone in ("relayout_precision", "adopt_autotune", "autotune_copy", "precision_params", "_uses_closure"):
+        assert not hasattr(AmpNetClassifier, gone), gone
 
 
 def test_one_constant_lists_the_low_precision_dtypes():
@@ -300,7 +329,7 @@ def test_host_reads_are_counted_in_one_place():
     assert set(HOST_READS) >= {"item", "tolist", "cpu", "numpy"}
 
 
-def test_set_params_of_a_live_scaler_setting_checks_once_and_builds_one_precision(monkeypatch, classifier_data):
+def test_set_params_of_a_live_scaler_setting_checks_once_and_builds_no_precision(monkeypatch, classifier_data):
     from ampnet.precision import component, scaler, settings
 
     X, y = classifier_data
@@ -321,10 +350,13 @@ def test_set_params_of_a_live_scaler_setting_checks_once_and_builds_one_precisio
         return check
 
     monkeypatch.setattr(component.Precision, "__init__", counting_init)
-    monkeypatch.setattr(settings, "validate_scaler_settings", counting_check(settings.validate_scaler_settings))
-    monkeypatch.setattr(scaler, "validate_scaler_settings", counting_check(scaler.validate_scaler_settings))
+    import ampnet.params as params
+    import ampnet.reconfigure as reconfigure
+
+    for module in (settings, scaler, params, reconfigure):
+        monkeypatch.setattr(module, "validate_scaler_settings", counting_check(module.validate_scaler_settings))
     net.set_params(grad_scaler__growth_factor=4)
-    assert len(builds) == 1
+    assert len(builds) == 0  # the live scaler changes in place: no new Precision
     assert len(checks) == 1 and checks[0]["growth_factor"] == 4
     # the live scaler changed in place, and the new component holds it
     assert net.grad_scaler_ is live and live.get_settings()["growth_factor"] == 4.0

@@ -23,6 +23,9 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
+from skorch.dataset import unpack_data
+
+from ampnet.precision import parse_amp_dtype
 
 __all__ = ["SCREEN_SLOWER", "SCREEN_REPEATS", "screen_dtypes"]
 
@@ -74,10 +77,6 @@ def screen_dtypes(
     candidates' training steps then show the error); so is float32's
     failure, which the baseline's own steps raise.
     """
-    from skorch.dataset import unpack_data
-
-    from ampnet.precision.policy import parse_amp_dtype
-
     firsts: dict[str, Mapping[str, Any]] = {}
     for params in candidates:
         if params.get("amp_enabled") and params.get("memory_format", "preserve") != "channels_last":

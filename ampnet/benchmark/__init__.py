@@ -5,6 +5,7 @@ top-level package :mod:`ampnet_bench` (installed with ampnet), so that
 
 def main(argv=None) -> int:
     """Run the benchmark (see ``ampnet_bench.cli.main``)."""
+    # a separate top-level package: import ampnet loads no benchmark code
     from ampnet_bench.cli import main as bench_main
 
     return bench_main(argv)

@@ -88,6 +88,7 @@ def _read_state(target: Any, source: str, safetensors: bool, map_location: Any,
                 load_kwargs: dict[str, Any]) -> Any:
     try:
         if safetensors:
+            # optional dependency: safetensors (only for use_safetensors=True)
             from safetensors.torch import load
 
             data = target if isinstance(target, bytes) else target.read()
@@ -385,6 +386,7 @@ def state_writer(state: Any, source: str, safetensors: bool) -> Callable[[Any], 
         )
 
     def write(target: Any) -> None:
+        # optional dependency: safetensors (only for use_safetensors=True)
         from safetensors.torch import save
 
         data = save(state)

@@ -26,7 +26,9 @@ from skorch.utils import to_tensor
 from ampnet._tree import cast_floating, map_tensors
 from ampnet.dtypes import LOW_PRECISION_DTYPES
 from ampnet.precision import compensated as comp
+from ampnet.exceptions import amp_warn
 from ampnet.precision.legacy import remove_legacy_hooks
+from ampnet.precision.memory import MemoryReport, measure_memory
 from ampnet.precision.checks import nonfinite_grads
 from ampnet.precision.inputs import match_module_dtype
 from ampnet.precision.masters import (
@@ -45,8 +47,6 @@ from ampnet.precision.scaler import GradScaler, copy_to_device, move_scaler
 from ampnet.precision.selectors import AUTO, parse_selectors
 from ampnet.precision.settings import PrecisionSettings, init_param_names, scaling_enabled
 
-if TYPE_CHECKING:
-    from ampnet.precision.memory import MemoryReport
 
 __all__ = ["Precision", "StepDecision", "module_root"]
 
@@ -257,8 +257,6 @@ class Precision:
 
     def memory(self, module: Any, optimizers: Sequence[torch.optim.Optimizer]) -> "MemoryReport":
         """The bytes of the training state, by role (:func:`ampnet.precision.memory.measure_memory`)."""
-        from ampnet.precision.memory import measure_memory
-
         name = self.policy.name
         if self.enabled and self.policy.level == "pure":
             mode = "compensated" if self.settings.compensated else (
@@ -527,8 +525,6 @@ def build_scaler(settings: PrecisionSettings, scaler_params: Mapping[str, Any]) 
     over ``amp_enabled`` or ``amp_dtype``. :func:`~ampnet.precision.settings.read_settings`
     has refused the scalers that cannot scale on the net's device.
     """
-
-    from ampnet.exceptions import amp_warn
 
     policy, scaler = settings.policy, settings.scaler
     kwargs = {k: v for k, v in scaler_params.items() if k != "enabled"}

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from skorch.utils import to_tensor
 
-from ampnet._tree import cast_floating
+from ampnet._tree import cast_floating, iter_tensors
 
 __all__ = ["match_module_dtype", "has_float64", "autocast_dtype_error"]
 
@@ -84,8 +84,6 @@ def autocast_dtype_error(exc: RuntimeError, x: Any, module: Any, policy_name: st
     alone, so float64 weights meet low-precision activations); otherwise
     the input's dtype is.
     """
-    from ampnet._tree import iter_tensors
-
     text = str(exc)
     if not ("dtype" in text or "scalar type" in text or "type (" in text):
         return None

@@ -31,7 +31,7 @@ an optimizer state (:func:`keep_kernels`) keeps the loading optimizer's
 A kernel that ampnet chose follows the net's precision: when a fitted net
 changes its precision layout (``set_params(amp_dtype=..., amp_level=...)``,
 ``amp_enabled``), an optimizer whose kernel ampnet chose
-(:func:`ampnet_kernels`) is rebuilt with the kernel chosen for the new
+(:func:`ampnet.reconfigure.ampnet_kernels`) is rebuilt with the kernel chosen for the new
 parameters (:func:`kernels_differ`), its state carried over: the kernel
 chosen as above for them, and skorch's kernel with AMP off. Only a kernel
 the user set is checked against (and may be refused by) the new settings.
@@ -50,7 +50,7 @@ import torch
 from ampnet.dtypes import LOW_PRECISION_DTYPES
 
 __all__ = [
-    "FUSED_OPTIMIZERS", "KERNEL_KEYS", "ampnet_kernels", "kernel_defaults", "kernels_differ", "fused_works",
+    "FUSED_OPTIMIZERS", "KERNEL_KEYS", "kernel_defaults", "kernels_differ", "fused_works",
     "keep_kernels", "user_chose_kernel",
 ]
 
@@ -168,14 +168,6 @@ def user_chose_kernel(kwargs: Mapping[str, Any]) -> bool:
     """Whether the user's optimizer arguments ``kwargs`` (``optimizer__*``)
     choose the kernel (set ``fused`` or ``foreach``, to any value)."""
     return any(key in kwargs for key in KERNEL_KEYS)
-
-
-def ampnet_kernels(net: Any) -> frozenset[str]:
-    """The names of ``net``'s optimizers (``'optimizer'``, ...) whose kernel
-    ampnet chooses: those the user set neither ``fused`` nor ``foreach`` for.
-    A precision change rebuilds them with the kernel for the new layout, so
-    their current kernel is not checked against the new settings."""
-    return frozenset(n for n in net._optimizers if not user_chose_kernel(net.get_params_for(n)))
 
 
 def kernels_differ(optimizer: Any, kwargs: Mapping[str, Any]) -> bool:

@@ -133,11 +133,11 @@ def build_settings(params: Mapping[str, Any]) -> PrecisionSettings:
 
 def _public_name(cls: type) -> str:
     """``torch.amp.GradScaler`` rather than ``torch.amp.grad_scaler.GradScaler``."""
-    import importlib
-
-    for package in ("ampnet", "torch.amp", "torch.cuda.amp"):
-        if getattr(importlib.import_module(package), cls.__name__, None) is cls:
-            return f"{package}.{cls.__name__}"
+    if cls.__module__.startswith("ampnet.") and cls.__name__ == "GradScaler":
+        return "ampnet.GradScaler"
+    for package in (torch.amp, torch.cuda.amp):
+        if getattr(package, cls.__name__, None) is cls:
+            return f"{package.__name__}.{cls.__name__}"
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
