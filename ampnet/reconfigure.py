@@ -118,7 +118,9 @@ def initialize(net: "AmpNetMixin", skorch_initialize: Callable[[], Any]) -> None
     precision component, skorch's components (``skorch_initialize``), the
     step state and the data-parallel component, all or nothing."""
     params = checked_params(net)
-    check_names("amp_autotune", net.get_params_for("amp_autotune"))
+    probe = net.get_params_for("amp_autotune")
+    check_names("amp_autotune", probe)  # for any amp_enabled: a typo is an error
+    check_all({"amp_autotune__" + k: v for k, v in probe.items()})
     settings = read_settings(params)
     with all_or_nothing(net):
         was_initialized = net.initialized_
@@ -239,7 +241,9 @@ def _set_live(net: "AmpNetMixin", own: dict[str, Any]) -> bool:
     if live and not isinstance(scaler, GradScaler) and not (
             scaler.is_enabled() and all(hasattr(scaler, f"set_{k}") for k in live)):
         return False
-    check_names("amp_autotune", {k.split("__", 1)[1]: v for k, v in own.items() if k.startswith("amp_autotune__")})
+    tuned = {k.split("__", 1)[1]: v for k, v in own.items() if k.startswith("amp_autotune__")}
+    if tuned:
+        check_names("amp_autotune", tuned)
     for name, value in own.items():
         if not name.startswith("grad_scaler__"):
             check(name, value)
@@ -247,14 +251,14 @@ def _set_live(net: "AmpNetMixin", own: dict[str, Any]) -> bool:
         current = scaler.get_settings() if isinstance(scaler, GradScaler) else {}
         bounds = {k: current[k] for k in _BOUNDS if k in current and k not in live} if set(live) & set(_BOUNDS) else {}
         validate_scaler_settings(**{**bounds, **live})  # the one check of these values
-    with all_or_nothing(net):
-        net.__dict__.update(own)
-        if isinstance(scaler, GradScaler):
-            scaler.apply_settings(**live)
-        else:  # torch's own scaler: its setters
-            for name, value in live.items():
-                getattr(scaler, f"set_{name}")(value)
-        net.amp_step_state_.scale = None
+    # every value is checked: nothing below can fail, so no snapshot is needed
+    net.__dict__.update(own)
+    if isinstance(scaler, GradScaler):
+        scaler.apply_settings(**live)
+    else:  # torch's own scaler: its setters
+        for name, value in live.items():
+            getattr(scaler, f"set_{name}")(value)
+    net.amp_step_state_.scale = None
     return True
 
 
@@ -380,7 +384,11 @@ def apply_choice(net: "AmpNetMixin", result: "AutotuneResult", carry: bool = Tru
     precision component for it, the module moved to its layout, new
     optimizers (their state carried over with ``carry``) and a new step
     state, as a net constructed with the chosen settings has them."""
+    before = net.__dict__.get("amp_autotune_")
+    pending = checked_params(net) if before is None else None
     net.__dict__["amp_autotune_"] = result
+    if pending is not None and all(pending[k] == v for k, v in result.params.items()):
+        return  # the choice is what the net trains with before choosing (float32): nothing changes
     settings = read_settings(checked_params(net))
     old, new = net.precision_, Precision.build(settings, _scaler_params(net))
     trimmed = getattr(net, "_trimmed_for_prediction", False)

@@ -1,7 +1,11 @@
 """Print the structure figures of docs/architecture.md for the ampnet on
-``sys.path``: ampnet files on the stack at the module's forward, skorch
-methods overridden more than once, host reads per training batch, and the
-largest module.
+``sys.path``: import circles and arrows from a lower layer to a higher one
+(tests/import_graph.py), the walks of ``set_params(grad_scaler__growth_factor=4)``
+on a fitted float16 net and of a whole ``amp_enabled='auto'`` fit (ampnet files
+entered, ``Precision`` objects built, parameter checks, traced with
+``sys.setprofile``), lists of parameter names in the code, ampnet files on the
+stack at the module's forward, skorch methods overridden more than once, host
+reads per training batch, and the largest module.
 
     python tools/structure_report.py            # this checkout
     PYTHONPATH=/path/to/other python tools/structure_report.py
@@ -20,6 +24,70 @@ from ampnet import AmpNetClassifier
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests"))
 import host_reads  # noqa: E402  (the one host-read counter, shared with tests/test_architecture.py)
+import import_graph  # noqa: E402  (the one import-graph reader, shared with tests/test_architecture.py)
+
+import ast  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from ampnet.params import PARAMS  # noqa: E402
+
+
+def trace(fn):
+    """Run ``fn()`` under ``sys.setprofile``: the ampnet files entered, the
+    ``Precision`` objects built and the parameter checks run (rows of the
+    parameter table and ``validate_scaler_settings`` calls)."""
+    root = os.path.dirname(ampnet.__file__)
+    files, built, checks = set(), [0], [0]
+
+    def profile(frame, event, arg):
+        if event != "call":
+            return
+        code = frame.f_code
+        if code.co_filename.startswith(root):
+            files.add(os.path.relpath(code.co_filename, root))
+            if code.co_name == "__init__" and code.co_filename.endswith(os.path.join("precision", "component.py")) \
+                    and type(frame.f_locals.get("self")).__name__ == "Precision":
+                built[0] += 1
+            if code.co_name == "check" and code.co_filename.endswith("params.py") and frame.f_back \
+                    and frame.f_back.f_code.co_filename.endswith("params.py") is False:
+                checks[0] += 1
+            if code.co_name == "validate_scaler_settings":
+                checks[0] += 1
+
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return sorted(files), built[0], checks[0]
+
+
+def walks():
+    rng = np.random.RandomState(0)
+    X = rng.randn(128, 20).astype(np.float32)
+    y = (X[:, 0] > 0).astype(np.int64)
+    net = AmpNetClassifier(MLP, amp_enabled=True, amp_dtype="float16", max_epochs=1, batch_size=64,
+                           train_split=None, verbose=0).fit(X, y)
+    files, built, checks = trace(lambda: net.set_params(grad_scaler__growth_factor=4))
+    print(f"set_params(grad_scaler__growth_factor=4), fitted fp16 net: {len(files)} ampnet files entered "
+          f"{files}, {built} Precision built, {checks} parameter checks")
+    auto = AmpNetClassifier(MLP, amp_enabled="auto", max_epochs=1, batch_size=64, train_split=None, verbose=0)
+    files, built, checks = trace(lambda: auto.fit(X, y))
+    print(f"amp_enabled='auto' fit of a tiny MLP (one epoch): {len(files)} ampnet files entered, {built} Precision built")
+
+
+def parameter_lists():
+    """Literal tuples, lists and sets of two or more AMP parameter names in ampnet's code."""
+    names = {n for n in PARAMS if "__" not in n}
+    found = []
+    for module, path in import_graph.source_files():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+                values = [e.value for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+                if len(values) >= 2 and sum(v in names for v in values) >= 2:
+                    found.append(f"{module}:{node.lineno}")
+    return found
 
 
 class MLP(torch.nn.Module):
@@ -43,6 +111,14 @@ def reads_per_batch(cls, **kw):
 def main():
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
+    graph = import_graph.graph()
+    print("import circles in ampnet/:", len(import_graph.cycles(graph)), import_graph.cycles(graph))
+    print("arrows from a lower layer to a higher one:", len(import_graph.back_arrows(graph)),
+          import_graph.back_arrows(graph))
+    print("imports inside functions:", len(import_graph.function_imports()))
+    lists = parameter_lists()
+    print("literal lists of AMP parameter names (the table aside):", len(lists), lists)
+    walks()
     _, net = reads_per_batch(AmpNetClassifier, amp_enabled=True, amp_dtype="bfloat16")
     print("ampnet files at forward (bf16 mixed):", net.module_.files)
     skorch_names = set()

@@ -22,7 +22,6 @@ import torch
 
 from sklearn.base import clone
 
-from ampnet import reconfigure
 from ampnet.auto.enabled import (
     _EXTRA_WARMUP, MIN_ROUNDS, SLOWER, AutotuneResult, candidate_params, choose, probe_settings,
 )
@@ -119,11 +118,11 @@ _COPY_OVERRIDES = {"callbacks": [], "verbose": 0, "distributed": False, "gradien
 
 def probe_copy(net: Any, params: dict[str, Any]) -> Any:
     """A net that trains copies of ``net``'s modules with the precision
-    ``params``: ``sklearn.base.clone(net)`` with no callbacks, no output, no
-    data parallelism and a step per batch, initialized, given ``net``'s
-    module and criterion weights, then switched to ``params``
-    (:func:`ampnet.reconfigure.apply_choice`). ``net`` is unchanged, and so
-    are the random streams.
+    ``params``: ``sklearn.base.clone(net)`` with ``params`` set (a pinned
+    precision, so it never probes itself), no callbacks, no output, no data
+    parallelism and a step per batch, initialized, then given ``net``'s
+    module and criterion weights. ``net`` is unchanged, and so are the
+    random streams.
 
     Raises
     ------
@@ -142,13 +141,12 @@ def probe_copy(net: Any, params: dict[str, Any]) -> Any:
             remove_regions(module_root(value))
             remove_state_hooks(module_root(value))
     with kept_random_state():
-        probe.set_params(**_COPY_OVERRIDES)
+        probe.set_params(**_COPY_OVERRIDES, **params)
         probe.initialize()
     for name in [*net._modules, *net._criteria]:
         source, target = net.__dict__.get(name + "_"), probe.__dict__.get(name + "_")
         if isinstance(source, torch.nn.Module) and isinstance(target, torch.nn.Module):
             module_root(target).load_state_dict(module_root(source).state_dict())
-    reconfigure.apply_choice(probe, AutotuneResult(params=dict(params)), carry=False)
     probe.amp_step_state_.check_loss_inputs = False  # the net's own first batch checks them
     return probe
 
