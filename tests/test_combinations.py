@@ -11,9 +11,9 @@ setting, path, split and task meets every split and task (checked by
 ``test_the_design_covers_every_pair``). Data are tiny and runs are one or
 two epochs.
 
-A case that fails because of a known bug of issue 16 is ``xfail(strict=True)``
-with the item's number (:data:`KNOWN_BUGS`): once the fix lands it XPASSes,
-which fails the run until the mark is removed.
+Every case must pass: there is no list of known bugs to hide one behind (a
+bug found here is fixed, or the setting leaves the table with a note in the
+issue).
 """
 
 from __future__ import annotations
@@ -83,12 +83,6 @@ TASKS = ("classifier", "binary", "regressor")
 PATHS = ("fit", "partial_fit", "warm_start", "predict", "pickle", "save_load", "checkpoint_resume",
          "clone_fit", "grid_search", "export")
 
-#: Known bugs (being fixed elsewhere): (setting, split, path, task) -> (issue item, exception,
-#: whether the bug shows with the installed versions), None standing for any. A case that matches is
-#: expected to fail, strictly, with that exception: once the fix lands it XPASSes and fails the run
-#: until its entry is removed. Issue 16's items 1 ("auto" with ValidSplit) and 3 (export after
-#: trim_for_prediction) were listed here until their fixes landed.
-KNOWN_BUGS = {}
 
 
 def covering_cases(settings=tuple(SETTINGS), paths=PATHS, splits=SPLITS, tasks=TASKS):
@@ -110,20 +104,8 @@ def covering_cases(settings=tuple(SETTINGS), paths=PATHS, splits=SPLITS, tasks=T
 CASES = covering_cases()
 
 
-def _known_bug(setting, path, split, task):
-    for key, bug in KNOWN_BUGS.items():
-        if all(want in (None, got) for want, got in zip(key, (setting, split, path, task))):
-            return bug
-    return None
-
-
 def _param(setting, path, split, task):
-    bug = _known_bug(setting, path, split, task)
-    marks = []
-    if bug:
-        item, exception, shows = bug
-        marks = [pytest.mark.xfail(shows, strict=True, raises=exception, reason=f"issue 16 item {item}")]
-    return pytest.param(setting, path, split, task, id=f"{setting}-{path}-{split}-{task}", marks=marks)
+    return pytest.param(setting, path, split, task, id=f"{setting}-{path}-{split}-{task}")
 
 
 # ---- tiny modules and data ---------------------------------------------------------------
@@ -453,11 +435,3 @@ def test_the_design_covers_every_pair():
             assert seen == set(itertools.product(factors[a], factors[b])), (a, b)
     for path in PATHS:
         assert callable(globals()[f"path_{path}"])
-
-
-def test_every_known_bug_names_a_setting_and_split_of_the_table():
-    for setting, split, path, task in KNOWN_BUGS:
-        assert setting in tuple(SETTINGS) + (None,) and split in SPLITS + (None,)
-        assert path in PATHS + (None,) and task in TASKS + (None,)
-    assert sum(_known_bug(*case) is not None for case in CASES) < len(CASES) // 5
-    assert _known_bug("off", "fit", "no-split", "classifier") is None
