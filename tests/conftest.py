@@ -1,9 +1,14 @@
 """Shared fixtures: tiny modules and data. Tests run with one torch thread
 (fastest for tiny models, and bitwise reproducible)."""
 
+import contextlib
+from unittest import mock
+
 import numpy as np
 import pytest
 import torch
+
+import ampnet.auto.probe
 
 torch.set_num_threads(1)
 
@@ -160,3 +165,31 @@ DEVICE_DTYPES = [
 def device_dtype(request):
     """cpu and cuda (marked ``gpu``) x {float32, bfloat16, float16}: a :class:`DeviceDtype`."""
     return request.param
+
+
+# ---- injected timings for the probe of amp_enabled="auto" ---------------------------------
+
+
+@contextlib.contextmanager
+def timed_probes(timer):
+    """Inside the block, the probe of ``amp_enabled="auto"`` times its steps with
+    ``timer(params, step) -> seconds`` (which must run ``step()``) instead of the
+    wall clock: :func:`ampnet.auto.probe.wall_timer` is looked up at each probe.
+    ``timer=None`` leaves the wall clock."""
+    if timer is None:
+        yield timer
+        return
+    with mock.patch.object(ampnet.auto.probe, "wall_timer", lambda device: timer):
+        yield timer
+
+
+@pytest.fixture
+def probe_timer(monkeypatch):
+    """``probe_timer(timer)``: the probes of ``amp_enabled="auto"`` in the rest of
+    the test time their steps with ``timer`` (see :func:`timed_probes`); returns it."""
+
+    def install(timer):
+        monkeypatch.setattr(ampnet.auto.probe, "wall_timer", lambda device: timer)
+        return timer
+
+    return install

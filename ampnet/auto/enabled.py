@@ -174,7 +174,11 @@ class AutotuneResult:
       Wall-clock seconds of the whole probe (0 for a loaded choice).
 
     source : str
-      ``'probe'``, or ``'loaded'`` for a choice read from a saved file.
+      ``'probe'``; ``'loaded'`` for a choice read from a saved file;
+      ``'fallback'`` for float32 kept because no probe could run.
+
+    note : str or None
+      Why no probe ran (``source='fallback'``).
     """
 
     params: dict[str, Any]
@@ -186,6 +190,7 @@ class AutotuneResult:
     min_cosine: float = PARAMS["amp_autotune__min_cosine"].default
     probe_s: float = 0.0
     source: str = "probe"
+    note: str | None = None
 
     @property
     def chosen(self) -> str:
@@ -194,6 +199,8 @@ class AutotuneResult:
 
     def __str__(self) -> str:
         head = f"amp_enabled='auto' on {self.device}: chose {self.chosen}"
+        if self.source == "fallback":
+            return head + f" (no probe ran: {self.note})"
         if self.source != "probe" or not self.table:
             return head + " (a saved choice; no probe ran)"
         header = ("candidate", "step ms", "vs float32", "steps", "healthy", "grad cos", "note")

@@ -132,8 +132,11 @@ def probe_copy(net: Any, params: dict[str, Any]) -> Any:
     ValueError, TypeError
       ``params`` are settings this net cannot train with.
     """
+    # sklearn's clone, parameter by parameter, without the user's callbacks (the
+    # probe runs none; a callback that does not clone must not stop it)
+    params_ = {**net.get_params(deep=False), **_COPY_OVERRIDES}
     try:
-        probe = clone(net)
+        probe = type(net)(**{name: clone(value, safe=False) for name, value in params_.items()})
     except (TypeError, AttributeError, RuntimeError) as exc:  # copy.deepcopy's errors
         raise CopyFailed(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
     for value in probe.get_params(deep=False).values():
