@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-import ampnet.precision.report as report_module
+import ampnet.report as report_module
 from ampnet import AmpNetClassifier, AmpWarning
 from ampnet.callbacks.checkpoint import Checkpoint, LoadInitState
-from ampnet.precision.auto import METADATA_KEY
+from ampnet.auto.saved import FP32_KEY
 from conftest import small_classifier
 
 
@@ -141,7 +141,7 @@ def test_saved_parameters_carry_the_choice_into_a_fresh_net(data, probes, tmp_pa
     net = make(**FP16, amp_fp32_modules="auto", max_epochs=1).fit(*data)
     net.save_params(f_params=tmp_path / "params.pt")
     saved = torch.load(tmp_path / "params.pt", weights_only=True)
-    assert saved._metadata[""][METADATA_KEY] == ["big"]
+    assert saved._metadata[""][FP32_KEY] == ["big"]
     fresh = make(**FP16, amp_fp32_modules="auto", max_epochs=1).initialize()
     assert fresh.amp_layout_.auto_fp32_modules is None
     fresh.load_params(f_params=tmp_path / "params.pt")
@@ -152,14 +152,45 @@ def test_saved_parameters_carry_the_choice_into_a_fresh_net(data, probes, tmp_pa
     plain.load_state_dict(saved)
 
 
-def test_a_different_saved_choice_is_reported(data, tmp_path):
+def test_a_different_saved_choice_is_reported_by_load_params(data, tmp_path):
     net = make(**FP16, amp_fp32_modules="auto", max_epochs=1).fit(*data)
     state = net.module_.state_dict()
-    state._metadata[""][METADATA_KEY] = ["out"]
-    with pytest.warns(AmpWarning, match=r"trained with amp_fp32_modules='auto' keeping \['out'\] in float32; "
-                                        r"this net's probe kept \['big'\].*amp_fp32_modules=\['out'\]"):
-        net.module_.load_state_dict(state)
+    state._metadata[""][FP32_KEY] = ["out"]
+    torch.save(state, tmp_path / "other.pt")
+    with pytest.warns(AmpWarning) as record:
+        net.load_params(f_params=tmp_path / "other.pt")
+    message = " ".join(str(w.message) for w in record if issubclass(w.category, AmpWarning))
+    for fact in ("other.pt", "['out']", "['big']", "amp_fp32_modules=['out']"):
+        assert fact in message, fact
     assert net.amp_layout_.fp32_modules == ("big",)
+
+
+def test_a_direct_module_load_neither_fails_nor_adopts_the_choice(data, probes, tmp_path):
+    """The choice travels through save_params and load_params (and checkpoints)
+    only: the module's own load_state_dict of a file that holds it loads the
+    weights as for any module, silently, and the net's layout stays its own."""
+    net = make(**FP16, amp_fp32_modules="auto", max_epochs=1).fit(*data)
+    net.save_params(f_params=tmp_path / "params.pt")
+    saved = torch.load(tmp_path / "params.pt", weights_only=True)
+    assert saved._metadata[""][FP32_KEY] == ["big"]
+    other = {k: v.clone() for k, v in saved.items()}
+    other = type(saved)(other)
+    other._metadata = {k: dict(v) for k, v in saved._metadata.items()}
+    other._metadata[""][FP32_KEY] = ["out"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        net.module_.load_state_dict(other)  # another choice: not adopted, not reported
+    assert net.amp_layout_.fp32_modules == ("big",)
+    fresh = make(**FP16, amp_fp32_modules="auto", max_epochs=1).initialize()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fresh.module_.load_state_dict(saved)
+    assert fresh.amp_layout_.auto_fp32_modules is None  # not adopted: the next fit probes
+    for a, b in zip(net.module_.parameters(), fresh.module_.parameters()):
+        assert torch.equal(a, b)
+    assert len(probes) == 1
+    fresh.partial_fit(*data)
+    assert len(probes) == 2 and fresh.amp_layout_.auto_fp32_modules == ("big",)
 
 
 def test_checkpoint_resume_is_bitexact(data, tmp_path):
