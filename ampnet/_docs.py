@@ -15,8 +15,8 @@ AMP_DOC = """
       the fitted attribute ``amp_autotune_`` (``AmpNet(**net.amp_autotune_.params)``
       trains bitwise the same); other AMP settings narrow the candidates;
       the probe's cost and settings (``amp_autotune__steps``, ``__warmup``,
-      ``__margin``, ``__min_cosine``, ``__timer``) are in
-      ``ampnet.precision.autotune``. With False the net
+      ``__margin``, ``__min_cosine``) are in
+      ``ampnet.auto``. With False the net
       trains as the skorch net it replaces, bitwise, except that a step
       with non-finite gradients is skipped (see ``amp_skip_nonfinite``).
       With AMP on, a ``torch.optim`` optimizer whose kernel is not set

@@ -112,7 +112,7 @@ class ConversionMixin:
 
         Returns
         -------
-        report : ampnet.precision.report.PrecisionReport
+        report : ampnet.report.PrecisionReport
           ``str(report)`` is a text table, ``report.to_dicts()`` a list of
           dicts, ``report.recommended_fp32_modules`` the modules it suggests
           for ``amp_fp32_modules``.

@@ -40,10 +40,10 @@ PUBLIC = {
     "ampnet.callbacks": importlib.import_module("ampnet.callbacks").__all__,
     "ampnet.checkpoint": importlib.import_module("ampnet.checkpoint").__all__,
     "ampnet.exceptions": importlib.import_module("ampnet.exceptions").__all__,
-    "ampnet.precision.report": ["PrecisionReport", "ModuleReport"],
+    "ampnet.report": ["PrecisionReport", "ModuleReport"],
     "ampnet.precision.memory": ["MemoryReport"],
     "ampnet.precision.plan": ["PrecisionLayout"],
-    "ampnet.precision.autotune": ["AutotuneResult"],
+    "ampnet.auto": ["AutotuneResult"],
     "ampnet.step": ["train_step", "StepState"],
     "ampnet.benchmark": ["main"],
 }

@@ -8,7 +8,7 @@ qualified name. A net parameter takes one selector or a list/tuple of them.
 
 In ``amp_fp32_modules`` the string ``'auto'`` is not a pattern: it stands
 for the modules that overflow the low-precision range on the first
-training batch (see :mod:`ampnet.precision.auto`). Select a module named
+training batch (see :mod:`ampnet.auto.fp32_modules`). Select a module named
 ``auto`` with ``re.compile('auto')``.
 """
 
