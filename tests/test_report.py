@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ampnet import AmpNetClassifier, AmpNetRegressor, AmpWarning
-from ampnet.precision.report import PrecisionReport
+from ampnet.report import PrecisionReport
 from precision_helpers import DigitsCNN, ThreePart, digits_split
 
 pytestmark = pytest.mark.filterwarnings(
