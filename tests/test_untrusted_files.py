@@ -730,6 +730,8 @@ def test_numpy_booleans_are_accepted_for_every_bool_parameter(name, value):
         ctx = pytest.warns(AmpWarning, match="float16 training without loss scaling")
     elif name == "amp_enabled" and not value:  # the net's float16 settings now do nothing
         ctx = pytest.warns(AmpWarning, match="amp_enabled=False, so .* no effect")
+    elif name == "amp_master_weights" and not value:  # read as False, as Python's False is
+        ctx = pytest.warns(AmpWarning, match="amp_master_weights=False has no effect with amp_level='mixed'")
     else:
         ctx = warnings.catch_warnings()
     with ctx:
@@ -1809,12 +1811,12 @@ def test_rolled_back_load_undoes_the_saved_auto_choice(tmp_path, saved, monkeypa
     """Issue 18: the parameters file's load hook recorded its saved 'auto'
     choice, and a rollback kept it: the net then trained with the saved
     layout instead of probing its own."""
-    from ampnet.precision.auto import METADATA_KEY, find_auto_hooks
+    from ampnet.auto.saved import FP32_KEY
 
     net = tiny_net(amp_fp32_modules="auto").initialize()
     assert net.amp_layout_.auto_fp32_modules is None  # the first fit probes
     state = net.module_.state_dict()
-    state._metadata[""][METADATA_KEY] = ["hidden"]
+    state._metadata[""][FP32_KEY] = ["hidden"]
     params = str(tmp_path / "auto.pt")
     torch.save(state, params)
 
@@ -1824,7 +1826,7 @@ def test_rolled_back_load_undoes_the_saved_auto_choice(tmp_path, saved, monkeypa
     monkeypatch.setattr(net.grad_scaler_, "load_state_dict", fail)
     with pytest.raises(ValueError, match="Everything was rolled back"):
         net.load_params(f_params=params, f_grad_scaler=saved["f_grad_scaler"])
-    assert find_auto_hooks(net.module_).loaded is None
+    assert net.amp_layout_.auto_fp32_modules is None and net.amp_layout_.fp32_modules == ()
     monkeypatch.undo()
     quietly(net.partial_fit, *data)
     assert net.amp_layout_.auto_fp32_modules == ()  # its own probe: Tiny never overflows
@@ -2063,11 +2065,11 @@ def test_write_errors_give_advice_for_their_cause(tmp_path, fitted, monkeypatch)
 def test_saved_auto_choice_must_name_the_modules(tmp_path, saved, choice, problem):
     """Issue 18: ['*'], ['../../etc'] and unknown names were taken into
     amp_layout_; a list of 10**5 names was echoed in full in a warning."""
-    from ampnet.precision.auto import METADATA_KEY
+    from ampnet.auto.saved import FP32_KEY
 
     net = tiny_net(amp_fp32_modules="auto").initialize()
     state = torch.load(saved["f_params"], weights_only=True)
-    state._metadata[""][METADATA_KEY] = choice
+    state._metadata[""][FP32_KEY] = choice
     bad = str(tmp_path / "p.pt")
     torch.save(state, bad)
     info = refused_unchanged(
@@ -2075,17 +2077,16 @@ def test_saved_auto_choice_must_name_the_modules(tmp_path, saved, choice, proble
         problem,
     )
     assert len(str(info.value)) < 1000
-    # loaded directly into the module, the choice is ignored with a short warning
-    with pytest.warns(AmpWarning, match="it was ignored") as record:
+    # loaded directly into the module (not through load_params), the choice is
+    # not read: the weights load as for any module, and the net keeps probing
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         net.module_.load_state_dict(state)
-    assert len(str(record[0].message)) < 1000
-    from ampnet.precision.auto import find_auto_hooks
-
-    assert find_auto_hooks(net.module_).loaded is None
+    assert net.amp_layout_.auto_fp32_modules is None
 
 
-def test_a_long_different_choice_is_reported_briefly(data):
-    from ampnet.precision.auto import METADATA_KEY
+def test_a_long_different_choice_is_reported_briefly(data, tmp_path):
+    from ampnet.auto.saved import FP32_KEY
 
     class Deep(torch.nn.Module):
         def __init__(self):
@@ -2099,10 +2100,13 @@ def test_a_long_different_choice_is_reported_briefly(data):
     net = tiny_net(Deep, amp_fp32_modules="auto", max_epochs=1)
     quietly(net.fit, *data)
     state = net.module_.state_dict()
-    state._metadata[""][METADATA_KEY] = [f"layers.{i}" for i in range(30)]
+    state._metadata[""][FP32_KEY] = [f"layers.{i}" for i in range(30)]
+    path = tmp_path / "deep.pt"
+    torch.save(state, path)
     with pytest.warns(AmpWarning, match=r"keeping \['layers.0', .*'layers.7'\]\[:8\] \(of 30\) in float32") as record:
-        net.module_.load_state_dict(state)
+        net.load_params(f_params=path)
     assert "layers.8'" not in str(record[0].message)
+    assert net.amp_layout_.auto_fp32_modules == ()  # the net keeps its own choice
 
 
 class TupleLoss(torch.nn.NLLLoss):
