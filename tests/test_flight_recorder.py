@@ -444,3 +444,54 @@ def test_the_readme_example_record():
         "skip_cause": "overflow", "first_nonfinite": "softmax", "step_skipped": True, "loss_scale": 16384.0}
     assert [i for i, _ in skipped_rows(net)] == [3]
     assert all(0 < v < 10 for v in net.history[:, "grad_norm"])
+
+
+# ---- the replay keeps numpy's and Python's global streams (issue 26, item 4) --------------------
+
+
+class GlobalNoise(Net3):
+    """Net3 that adds noise drawn from numpy's or Python's global generator in
+    its training forward pass (as augmentation code written with
+    ``np.random`` or ``random`` does)."""
+
+    def __init__(self, mode=None, source="numpy"):
+        super().__init__(mode)
+        self.source = source
+
+    def forward(self, X):
+        if self.training:
+            if self.source == "numpy":
+                noise = torch.from_numpy(np.random.standard_normal(X.shape).astype(np.float32))
+            else:
+                import random
+
+                noise = torch.full(X.shape, random.random() - 0.5)
+            X = torch.cat([X[:, :20] + 0.1 * noise[:, :20], X[:, 20:]], dim=1)
+        return super().forward(X)
+
+
+@fp16_quiet
+@pytest.mark.parametrize("source", ["numpy", "random"])
+def test_replay_keeps_numpy_and_python_random_streams(source):
+    """A module drawing noise from np.random (or random) in forward trains
+    bitwise the same with and without AmpMonitor: the replay of the skipped
+    step draws too, and must put the global streams back."""
+    import random
+
+    X, y = data(64, marked=(1,))
+    weights, states = {}, {}
+    for monitor in (False, True):
+        np.random.seed(0)
+        random.seed(0)
+        net = make_net(monitor=monitor, module=GlobalNoise, module__mode="backward", module__source=source,
+                       amp_dtype="float16", max_epochs=3, grad_scaler__init_scale=2.0 ** 8)
+        net.fit(X, y)
+        assert [[i for i, _ in skipped_rows(net, e)] for e in range(3)] == [[1]] * 3  # one skip per epoch
+        if monitor:
+            assert [net.history[e, "batches", 1]["first_nonfinite"] for e in range(3)] == ["boom"] * 3
+        weights[monitor] = [p.detach().clone() for p in net.module_.parameters()]
+        states[monitor] = (np.random.get_state()[1].copy(), random.getstate())
+    for a, b in zip(weights[False], weights[True]):
+        assert torch.equal(a, b)
+    assert np.array_equal(states[False][0], states[True][0])
+    assert states[False][1] == states[True][1]
