@@ -495,3 +495,63 @@ def test_replay_keeps_numpy_and_python_random_streams(source):
         assert torch.equal(a, b)
     assert np.array_equal(states[False][0], states[True][0])
     assert states[False][1] == states[True][1]
+
+
+# ---- the loss scale's settling spends no replays (issue 26, item 10) ----------------------------
+
+
+class Regress(torch.nn.Module):
+    """One linear layer and a Boom on marked batches (marker in column 20)."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = torch.nn.Linear(20, 1)
+        self.boom = Boom("backward")
+
+    def forward(self, X):
+        marked = bool(X[:, 20].any()) and self.training
+        return self.boom(self.inp(X[:, :20]), marked)
+
+
+def settling_data(marked, n=16 * 12, batch_size=16):
+    """Targets near 4: with float16 and the initial scale 2**16, the first four
+    steps overflow while the scale falls to 4096 (rows 0-3), then steps apply."""
+    X, _ = data(n, marked=marked, batch_size=batch_size)
+    return X, (4 + X[:, :1]).astype(np.float32)
+
+
+def settling_net(max_replays, scaler):
+    torch.manual_seed(0)
+    return ampnet.AmpNetRegressor(
+        Regress, amp_enabled=True, amp_dtype="float16", batch_size=16, max_epochs=1, lr=1e-4,
+        train_split=None, iterator_train__shuffle=False, verbose=0, grad_scaler=scaler("cpu"),
+        callbacks=[AmpMonitor(sink=lambda line: None, max_replays=max_replays)])
+
+
+@fp16_quiet
+@pytest.mark.parametrize("scaler", [ampnet.GradScaler, torch.amp.GradScaler])
+def test_the_scale_settling_spends_no_replays(scaler):
+    X, y = settling_data(marked=(2, 6, 9))
+    net = settling_net(1, scaler)
+    net.fit(X, y)
+    rows = net.history[-1, "batches"]
+    settling = [i for i, _ in skipped_rows(net)][:4]
+    assert settling == [0, 1, 2, 3]  # the scale falls from 2**16 before the first applied step
+    assert [rows[i]["loss_scale"] for i in settling] == [2.0 ** 15, 2.0 ** 14, 2.0 ** 13, 2.0 ** 12]
+    assert not rows[4]["step_skipped"]
+    assert all("first_nonfinite" in rows[i] for i in settling)  # replayed, without spending the budget
+    assert rows[2]["first_nonfinite"] == "boom"  # the data's overflow among them is named
+    # the one replay of the epoch goes to the first overflow after the scale settled
+    assert rows[6]["skip_cause"] == "overflow" and rows[6]["first_nonfinite"] == "boom"
+    assert rows[9]["step_skipped"] and "first_nonfinite" not in rows[9]  # beyond max_replays=1
+
+    # partial_fit carries the settled scale on: its first skip is the data's and spends the replay
+    net.partial_fit(X, y)
+    rows = net.history[-1, "batches"]
+    assert [i for i, _ in skipped_rows(net)] == [2, 6, 9]
+    assert rows[2]["first_nonfinite"] == "boom" and "first_nonfinite" not in rows[6]
+
+    # max_replays=0 replays nothing, the settling included
+    off = settling_net(0, scaler)
+    off.fit(X, y)
+    assert not any("first_nonfinite" in b for b in off.history[-1, "batches"])
