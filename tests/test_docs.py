@@ -322,3 +322,18 @@ def test_extras_for_tests_and_docs():
     for heavy in ("tensorboard", "nbconvert", "ampnet[onnx,dask]"):
         assert heavy in extras["dev"] and heavy not in extras["test"]
     assert {"sphinx>=7", "myst-nb>=1.1", "numpydoc>=1.6", "furo"} <= set(extras["docs"])
+
+
+@pytest.mark.parametrize("page", ["README", "index"])
+def test_the_comparison_table_is_text(page):
+    """Without an emoji font, check marks and crosses render as empty boxes: the table says yes/no/partly."""
+    import unicodedata
+
+    text = (ROOT / "README.md").read_text(encoding="utf-8") if page == "README" else read("index")
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "Keras" not in line]
+    table = [r for r in rows if "hysteresis" in r or "LBFGS" in r or "set_params" in r]
+    assert len(table) >= 3, "the comparison table was not found"
+    symbols = sorted({ch for r in rows for ch in r if unicodedata.category(ch) == "So"})
+    assert not symbols, symbols
+    cells = [c.strip() for r in table for c in r.split("|")[2:-1]]
+    assert all(c.split(" ")[0] in ("yes", "no", "partly", "n/a") for c in cells), cells
