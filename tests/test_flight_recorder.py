@@ -353,13 +353,27 @@ def test_plot_precision_axes():
     assert isinstance(fig, Figure)
     assert fig._repr_png_().startswith(b"\x89PNG")  # a notebook shows it as a cell's value
     titles = [ax.get_title() for ax in fig.axes]
-    assert [t.split(" ")[0] for t in titles] == ["Loss", "Loss", "Skipped", "Gradient", "Updates"]
+    # bfloat16 has no loss scale: no flat panel at 1.0
+    assert [t.split(" ")[0] for t in titles] == ["Loss", "Skipped", "Gradient", "Updates"]
     for ax in fig.axes:
         assert ax.get_title() and ax.get_xlabel() and ax.get_ylabel()
-    scale_ax = fig.axes[1]
-    assert scale_ax.get_yscale() == "log"
-    labels = fig.axes[2].get_legend_handles_labels()[1]
+    labels = fig.axes[1].get_legend_handles_labels()[1]
     assert labels == ["overflow"]
+
+
+@fp16_quiet
+def test_plot_precision_draws_the_loss_scale_of_float16_only():
+    pytest.importorskip("matplotlib")
+    X, y = data(64, marked=(1,))
+    fp16 = make_net(amp_dtype="float16", module__mode="backward", max_epochs=2).fit(X, y)
+    titles = [ax.get_title() for ax in ampnet.plot_precision(fp16).axes]
+    assert titles[1] == "Loss scale after each step"
+    assert ampnet.plot_precision(fp16).axes[1].get_yscale() == "log"
+    for kw in (dict(amp_dtype="bfloat16"), dict(amp_enabled=False, amp_dtype="auto")):
+        net = make_net(max_epochs=2, **kw).fit(X, y)
+        assert all(b.get("loss_scale", 1.0) == 1.0 for b in net.history[-1, "batches"])  # flat, if recorded
+        titles = [ax.get_title() for ax in ampnet.plot_precision(net).axes]
+        assert not any(t.startswith("Loss scale") for t in titles), (kw, titles)
 
 
 def test_plot_without_monitor_and_errors():
