@@ -148,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "ampnet-gpu-check-dry-run.md with --dry-run)")
     check.add_argument("--budget-s", type=float, default=None,
                        help="with --check: wall-clock budget in seconds (default: 450 on CUDA, for an "
-                            "8-minute slot; 300 in a dry run)")
+                            "8-minute slot; 600 in a dry run)")
     check.add_argument("--pytest-path", nargs="+", default=None, metavar="PATH",
                        help="with --check: what pytest -m gpu runs (default: the source tree's tests/)")
     return p
@@ -203,7 +203,7 @@ def check_plan_from_args(args: argparse.Namespace) -> Any:
     if args.optimizer != "sgd":  # the check's default optimizer is AdamW, the docs' tables'
         changes["optimizer"] = args.optimizer
     if args.dry_run:
-        return CheckPlan.dry(**{"budget_s": 300.0, **changes})
+        return CheckPlan.dry(**{"budget_s": 600.0, **changes})
     return CheckPlan(device=args.device if args.device != "cpu" else "cuda", **changes)
 
 
