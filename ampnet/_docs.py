@@ -117,11 +117,56 @@ AMP_DOC = """
 """
 
 
+_PARAMETERS = "    Parameters\n    ----------\n"
+_ATTRIBUTES = "    Attributes\n    ----------"
+
+
 def amp_doc(cls_doc: str | None) -> str:
-    """``cls_doc`` with :data:`AMP_DOC` inserted before its Attributes section."""
+    """The docstring of an ampnet net built from its skorch class's
+    ``cls_doc``: ampnet's parameters (:data:`AMP_DOC`) first, then skorch's
+    own parameters and attributes, and skorch's introduction last, under
+    Notes.
+
+    skorch's text takes some 220 lines before its parameters end: placed
+    first, it hid the AMP parameters (``help(AmpNetClassifier)`` showed
+    ``amp_enabled`` at line 225). skorch's text is kept whole, once, in one
+    numpydoc ``Parameters`` section (a second one is an error for numpydoc).
+
+    Parameters
+    ----------
+    cls_doc : str or None
+      skorch's class docstring (numpydoc, indented by 4 spaces after its
+      first line).
+
+    Returns
+    -------
+    doc : str
+      The text to append after the net's one-line summary: it starts with
+      a newline, so that it reads the same after ``"...\n\n"`` and after
+      ``"...\n\n    "``.
+    """
     doc = cls_doc or ""
-    marker = "    Attributes\n    ----------"
-    if marker in doc:
-        head, tail = doc.split(marker, 1)
-        return head.rstrip() + "\n" + AMP_DOC + "\n" + marker + tail
-    return doc + AMP_DOC
+    intro, params, rest = doc, "", ""
+    if _PARAMETERS in doc:
+        intro, params = doc.split(_PARAMETERS, 1)
+        if _ATTRIBUTES in params:
+            params, rest = params.split(_ATTRIBUTES, 1)
+            rest = _ATTRIBUTES + rest
+    lines = intro.strip("\n").splitlines()
+    if lines and not lines[0].startswith(" "):  # skorch's summary line, unindented in its docstring
+        lines[0] = "    " + lines[0]
+    # moved after the parameters: skorch's "the parameters listed below" are now above it
+    intro = "\n".join(lines).rstrip().replace("parameters listed below", "parameters listed above")
+    parts = [
+        "\n    The AMP parameters come first below, then those of skorch's net, which it takes\n"
+        "    unchanged; skorch's introduction to the net follows under Notes.\n",
+        _PARAMETERS.rstrip("\n"),
+        AMP_DOC.strip("\n") + "\n",
+    ]
+    if params.strip():
+        parts.append(params.rstrip() + "\n")
+    if rest.strip():
+        parts.append(rest.rstrip() + "\n")
+    if intro.strip():
+        parts += ["    Notes\n    -----\n    From skorch's documentation of the net:\n", intro + "\n"]
+    return "\n".join(parts)

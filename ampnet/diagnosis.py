@@ -4,10 +4,21 @@ A good step pays nothing for this. When a step was skipped (and an
 :class:`ampnet.callbacks.AmpMonitor` watches), :func:`first_nonfinite`
 replays its batch once on a deep copy of the module, with temporary hooks
 on the copy only, under the same autocast and loss scale as the step. The
-net's weights, gradients, buffers, optimizer, loss scaler, RNG streams and
-history are left exactly as they were. A replay costs about one forward and
-backward pass plus a copy of the module; :class:`ampnet.flight.FlightRecorder`
-replays at most ``max_replays`` skipped steps per epoch.
+net's weights, gradients, buffers, optimizer, loss scaler, global random
+streams and history are left exactly as they were. A replay costs about one
+forward and backward pass plus a copy of the module;
+:class:`ampnet.flight.FlightRecorder` replays at most ``max_replays`` skipped
+steps per epoch (not counting the skips of the loss scale's settling at the
+start of a fit, see there).
+
+The random streams kept (:func:`ampnet.random_state.kept_random_state`):
+torch's CPU generator and, where CUDA is initialized, each CUDA device's;
+numpy's global generator (``np.random.*``, whatever its bit generator); and
+Python's ``random``. A module that draws dropout masks or noise from them
+in ``forward`` trains bitwise the same with and without the replay.
+Generators the module owns (a ``np.random.Generator`` it holds, a
+``torch.Generator``) are deep-copied with the module, so the replay
+advances the copy's, not the module's.
 
 The answer is a name from ``module.named_modules()`` (``''``: the root
 module's own code outside its submodules):
@@ -30,9 +41,8 @@ non-finite.
 
 from __future__ import annotations
 
-import contextlib
 import copy
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from skorch.dataset import unpack_data
@@ -40,6 +50,7 @@ from skorch.dataset import unpack_data
 from ampnet._tree import has_nonfinite, iter_tensors
 from ampnet.exceptions import amp_warn
 from ampnet.precision import module_root
+from ampnet.random_state import kept_random_state
 
 __all__ = ["first_nonfinite"]
 
@@ -100,14 +111,6 @@ class _Watch:
         self.outputs.clear()
 
 
-@contextlib.contextmanager
-def _rng_kept(device: Any) -> Iterator[None]:
-    dev = torch.device(device or "cpu")
-    devices = [dev.index if dev.index is not None else torch.cuda.current_device()] if dev.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
-        yield
-
-
 def first_nonfinite(net: Any, batch: Any, scale: float, **fit_params: Any) -> str | None:
     """The name of the first module of ``net.module_`` whose activations
     or gradients go non-finite when ``batch`` is replayed with loss scale
@@ -133,7 +136,7 @@ def first_nonfinite(net: Any, batch: Any, scale: float, **fit_params: Any) -> st
     watch = _Watch(replica)
     Xi, yi = unpack_data(batch)
     try:
-        with _rng_kept(net.device), torch.enable_grad():
+        with kept_random_state(), torch.enable_grad():
             net.__dict__["module_"] = replica  # as in precision_report: an override of get_loss sees the copy
             loss = _forward_loss(net, replica, Xi, yi, fit_params)
             if has_nonfinite(loss):

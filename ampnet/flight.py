@@ -27,7 +27,9 @@ Per epoch it measures
 
 and on each skipped step whose cause is not bad data, it names the first
 module that went non-finite (:func:`ampnet.diagnosis.first_nonfinite`), at
-most ``max_replays`` times per epoch.
+most ``max_replays`` times per epoch; the skips of the loss scale's settling
+at the start of a fit (``"overflow"`` skips from the initial scale down,
+before the first applied step) are replayed without counting.
 """
 
 from __future__ import annotations
@@ -96,6 +98,9 @@ class FlightRecorder:
     def __init__(self, lost_updates: bool, max_replays: int) -> None:
         self.lost_updates = lost_updates
         self.max_replays = max_replays
+        # the loss scale's settling at the start of a fit (see `skipped`): None until the
+        # fit's first skip or applied step decides it, then True until the first applied step
+        self.settling: bool | None = None
         self.begin_epoch()
 
     def begin_epoch(self) -> None:
@@ -127,6 +132,8 @@ class FlightRecorder:
 
     def after_update(self, net: Any, active: Sequence[tuple], skipped: Sequence[bool]) -> None:
         """After the optimizers stepped: count the step and its lost updates."""
+        if active and not all(skipped):
+            self.settling = False  # a step was applied: the loss scale has settled
         if active and not any(skipped) and self._norm is not None:
             self.applied += 1
             norm = self._norm
@@ -152,11 +159,39 @@ class FlightRecorder:
     def skipped(self, net: Any, batch: Any, fit_params: dict, cause: str, scale: float) -> None:
         """A skipped step: name its first non-finite module in the batch's
         history row (``first_nonfinite``), replaying the batch, unless the
-        data was bad or this epoch's replays are spent."""
-        if cause == "nonfinite_input" or self.replays >= self.max_replays:
+        data was bad or this epoch's replays are spent.
+
+        The skips of the loss scale's settling do not spend the epoch's
+        replays (:meth:`is_settling`): they are replayed too, so that an
+        overflow of the data among them is named, but ``max_replays`` is
+        left for the skips after it (with float16 and the default initial
+        scale 2**16, a fit's first steps often skip while the scale falls to
+        what the gradients allow)."""
+        if cause == "nonfinite_input" or self.max_replays == 0:
             return
-        self.replays += 1
+        settling = self.is_settling(net, cause, scale)
+        if not settling:
+            if self.replays >= self.max_replays:
+                return
+            self.replays += 1
         net.history.record_batch("first_nonfinite", first_nonfinite(net, batch, scale, **fit_params))
+
+    def is_settling(self, net: Any, cause: str, scale: float) -> bool:
+        """Whether a skipped step is one of the loss scale's settling: an
+        ``"overflow"`` skip of a dynamic scaler, above its floor
+        (``min_scale``), before the fit's first applied step, in a fit whose
+        first skip came at the scaler's initial scale (``init_scale``: a
+        fresh scaler, not one that settled in an earlier fit and that
+        ``partial_fit`` or a checkpoint carries on)."""
+        scaler = getattr(net.precision_, "scaler", None)
+        settings = getattr(scaler, "get_settings", dict)()
+        if self.settling is None:  # the fit's first skip, before any applied step
+            # where the scale starts (within the bounds, for ampnet's scaler); torch's scaler too
+            init = getattr(scaler, "_init_scale", settings.get("init_scale"))
+            self.settling = init is not None and cause == "overflow" and float(scale) == float(init)
+        if not self.settling or cause != "overflow":
+            return False
+        return bool(settings.get("dynamic", True)) and float(scale) > float(settings.get("min_scale", 0.0))
 
     # ---- read once per epoch ------------------------------------------------------
 

@@ -38,6 +38,7 @@ from ampnet.warning_site import SITE_ATTRIBUTE, user_site
 from ampnet.flight import nonfinite_loss_message
 from ampnet.net_repr import add_amp_params
 from ampnet.output_checks import check_loss_inputs, check_loss_value
+from ampnet.user_inputs import prepare_fit_inputs
 from ampnet.conversion import ConversionMixin
 from ampnet.io.persistence import PersistenceMixin
 from ampnet.parallel import Parallel
@@ -183,6 +184,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
     # ---- fitting --------------------------------------------------------
 
     def partial_fit(self, X, y=None, classes=None, **fit_params):
+        X, y = prepare_fit_inputs(self, X, y)  # a pandas DataFrame X, pandas y (ampnet.user_inputs)
         if not self.initialized_:
             self.initialize()
         auto.resolve(self, X, y, **fit_params)  # the autos' choices, at the first fit only

@@ -8,6 +8,9 @@ skorch trains on, silently, with two mistakes that a new user makes:
   garbage (issue 16: 0.25-0.64 accuracy on scikit-learn's wine, NaN log loss);
 - ``y`` holds floats where ``CrossEntropyLoss`` or ``NLLLoss`` need class
   indices: torch raises "expected scalar type Long but found Float";
+- a 1-D ``y`` for a regressor whose module returns ``(n, 1)``: ``MSELoss``
+  broadcasts them to ``(n, n)`` (:func:`ampnet.user_inputs.check_target_shape`
+  refuses it, with the fix ``y.reshape(-1, 1)``);
 - the reverse of the first: ``criterion=CrossEntropyLoss`` with a module
   that already returns probabilities (a softmax in ``forward``): the softmax
   is applied twice, training slows down, and ``predict_proba`` squashes the
@@ -39,6 +42,7 @@ import torch
 from skorch.classifier import NeuralNetClassifier
 
 from ampnet.exceptions import amp_warn
+from ampnet.user_inputs import check_target_shape
 
 __all__ = ["check_loss_inputs", "check_loss_value", "PROBABILITY_TOLERANCE", "SOFTMAX_TOLERANCE"]
 
@@ -140,6 +144,7 @@ def check_loss_inputs(net: Any, y_pred: Any, y_true: Any) -> bool:
       ``NLLLoss`` (the net keeps it for the diagnosis of a non-finite loss
       at the end of the fit, :func:`ampnet.flight.nonfinite_loss_message`).
     """
+    check_target_shape(net, y_pred, y_true)  # a 1-D y for a regressor's (n, 1) output
     criterion = getattr(net, "criterion_", None)
     criterion = getattr(criterion, "_orig_mod", criterion)
     if not (isinstance(criterion, _CLASS_INDEX_LOSSES) and isinstance(y_pred, torch.Tensor)):

@@ -29,8 +29,9 @@ def _column(history: Any, key: str) -> list[tuple[int, float]]:
 
 def plot_precision(net: Any, figsize: tuple[float, float] | None = None) -> Any:
     """Draw a fitted net's precision record: the training (and validation)
-    loss, the loss scale per step (log axis), skipped steps per epoch by
-    cause and, where recorded (with :class:`ampnet.callbacks.AmpMonitor`),
+    loss, the loss scale per step (log axis; only where the loss is scaled,
+    float16 with loss scaling: bfloat16 and float32 have no loss scale),
+    skipped steps per epoch by cause and, where recorded (with :class:`ampnet.callbacks.AmpMonitor`),
     the gradient norm and the share of lost updates.
 
     Parameters
@@ -72,7 +73,7 @@ def plot_precision(net: Any, figsize: tuple[float, float] | None = None) -> Any:
         )
     panels = ["loss"]
     steps = [(row.get("epoch", 0), b) for row in history for b in row.get("batches", []) if "loss_scale" in b]
-    if steps:
+    if steps and _has_loss_scale(net, steps):
         panels.append("scale")
     panels.append("skips")
     grad = _column(history, "grad_norm")
@@ -104,6 +105,17 @@ def plot_precision(net: Any, figsize: tuple[float, float] | None = None) -> Any:
             ax.set(title="Updates lost to rounding (low-precision weights)", xlabel="epoch",
                    ylabel="share of updates")
     return fig
+
+
+def _has_loss_scale(net: Any, steps: list[tuple[int, dict]]) -> bool:
+    """Whether the fit had a loss scale to draw: the net scales its loss
+    (float16 with loss scaling), or its record holds a scale other than
+    1.0 (an earlier float16 fit of the history). bfloat16 and float32 steps
+    record 1.0: a flat line that says nothing."""
+    precision = net.__dict__.get("precision_")
+    if bool(getattr(precision, "scaling", False)):
+        return True
+    return any(b.get("loss_scale") not in (None, 1.0) for _, b in steps)
 
 
 def _loss_panel(ax: Any, history: Any) -> None:

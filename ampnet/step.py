@@ -24,7 +24,6 @@ from skorch.utils import TeeGenerator
 
 from ampnet._tree import has_nonfinite, nonfinite_flag
 from ampnet.exceptions import AmpDivergenceError, AmpStateError, amp_warn
-from ampnet.precision import GradScaler
 from ampnet.validation import describe
 
 __all__ = [
@@ -266,11 +265,7 @@ def begin_fit(net: Any) -> None:
     without the record of a step that an exception interrupted between
     ``unscale_()`` and ``update()`` (a callback, KeyboardInterrupt), which
     would block the next fit."""
-    scaler = net.grad_scaler_
-    if scaler.is_enabled() and scaler._per_optimizer_states:
-        scaler._per_optimizer_states.clear()
-    if isinstance(scaler, GradScaler):
-        scaler.scaled_in_step = False
+    net.precision_.discard_step()
     state = net.amp_step_state_
     state.micro_batches = 0
     state.check_loss_inputs = True

@@ -13,9 +13,9 @@ from ampnet_bench.contenders import CONTENDER_KEYS
 from ampnet_bench.machine import load_warning, usable_cores
 from ampnet_bench.report import to_markdown, write_all
 from ampnet_bench.runner import run_benchmark
-from ampnet_bench.workloads import WORKLOAD_NAMES
+from ampnet_bench.workloads import MODEL_DIMS, MODEL_WORKLOADS, WORKLOAD_NAMES
 
-__all__ = ["build_parser", "config_from_args", "main"]
+__all__ = ["build_parser", "check_plan_from_args", "config_from_args", "main"]
 
 _DESCRIPTION = """\
 Train the same model on the same synthetic data with a hand-written PyTorch
@@ -67,6 +67,17 @@ def _contender_list(text: str) -> tuple[str, ...]:
     return keys
 
 
+def _dims_item(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    workload, dot, size = key.partition(".")
+    if not sep or not dot or not value:
+        raise argparse.ArgumentTypeError(f"expected WORKLOAD.SIZE=VALUE, e.g. transformer.d_model=128; got {text!r}")
+    if workload not in MODEL_DIMS or size not in MODEL_DIMS[workload][0]:
+        choices = ", ".join(f"{w}.{k}" for w, (full, _) in MODEL_DIMS.items() for k in full)
+        raise argparse.ArgumentTypeError(f"unknown size {key!r}; choose from {choices}")
+    return key, value
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``python -m ampnet.benchmark``."""
     p = argparse.ArgumentParser(
@@ -92,7 +103,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n-samples", type=_positive_int, default=None,
                    help="override every workload's rows per epoch")
     p.add_argument("--channels-last", action="store_true",
-                   help="CNN in the channels_last memory format (all contenders)")
+                   help="CNN and ResNet in the channels_last memory format (all contenders)")
+    p.add_argument("--dims", nargs="+", type=_dims_item, default=[], metavar="WORKLOAD.SIZE=VALUE",
+                   help="override model sizes, e.g. transformer.d_model=128 rnn.cell=gru "
+                        "resnet.widths=32-64-128-256 (sizes: "
+                        + "; ".join(f"{w}: {', '.join(full)}" for w, (full, _) in MODEL_DIMS.items()) + ")")
     p.add_argument("--quick", action="store_true",
                    help="tiny sizes and few rounds: a smoke test whose timings are not comparable "
                         "with full runs")
@@ -118,6 +133,24 @@ def build_parser() -> argparse.ArgumentParser:
                         "auto: inprocess in --quick, process otherwise")
     p.add_argument("--contenders", type=_contender_list, default=None,
                    help=f"comma-separated subset of: {', '.join(CONTENDER_KEYS)}")
+    check = p.add_argument_group(
+        "one-call GPU check",
+        "--check runs pytest -m gpu, counts host syncs per training step, and benchmarks the model "
+        f"workloads ({', '.join(MODEL_WORKLOADS)}, or --workload) on CUDA in bf16 and fp16 (2 rounds; "
+        "the contenders of the docs' tables, or --contenders), with what amp_enabled='auto' chose on "
+        "each, within --budget-s; writes one Markdown report. --dry-run: the same steps on the CPU at "
+        "quick sizes.")
+    check.add_argument("--check", action="store_true", help="run the GPU check (see above)")
+    check.add_argument("--dry-run", action="store_true",
+                       help="with --check: run its steps on the CPU at quick sizes (no GPU needed)")
+    check.add_argument("--report", default=None, metavar="FILE",
+                       help="with --check: the report (default: ampnet-gpu-check.md, "
+                            "ampnet-gpu-check-dry-run.md with --dry-run)")
+    check.add_argument("--budget-s", type=float, default=None,
+                       help="with --check: wall-clock budget in seconds (default: 450 on CUDA, for an "
+                            "8-minute slot; 600 in a dry run)")
+    check.add_argument("--pytest-path", nargs="+", default=None, metavar="PATH",
+                       help="with --check: what pytest -m gpu runs (default: the source tree's tests/)")
     return p
 
 
@@ -146,8 +179,49 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         memory=args.memory,
         contenders=args.contenders,
         isolation=args.isolation,
+        dims=tuple(args.dims),
         **run_lengths,
     )
+
+
+def check_plan_from_args(args: argparse.Namespace) -> Any:
+    """The :class:`ampnet_bench.check.CheckPlan` that ``--check`` (and ``--dry-run``) arguments give."""
+    from ampnet_bench.check import CheckPlan
+
+    changes: dict[str, Any] = {}
+    if "all" not in args.workload:
+        changes["workloads"] = tuple(dict.fromkeys(args.workload))
+    if args.contenders is not None:
+        changes["contenders"] = tuple(args.contenders)
+    if args.budget_s is not None:
+        changes["budget_s"] = args.budget_s
+    if args.pytest_path is not None:
+        changes["pytest_paths"] = tuple(args.pytest_path)
+    for name in ("rounds", "epochs", "warmup", "threads"):
+        if getattr(args, name) is not None:
+            changes[name] = getattr(args, name)
+    if args.optimizer != "sgd":  # the check's default optimizer is AdamW, the docs' tables'
+        changes["optimizer"] = args.optimizer
+    if args.dry_run:
+        return CheckPlan.dry(**{"budget_s": 600.0, **changes})
+    return CheckPlan(device=args.device if args.device != "cpu" else "cuda", **changes)
+
+
+def _main_check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    import torch
+
+    from ampnet_bench.check import run_check
+
+    plan = check_plan_from_args(args)
+    if not plan.dry_run and not torch.cuda.is_available():
+        parser.error("--check: CUDA is not available on this machine; --check --dry-run runs the same "
+                     "steps on the CPU")
+    report = args.report or ("ampnet-gpu-check-dry-run.md" if plan.dry_run else "ampnet-gpu-check.md")
+    check = run_check(plan, report)
+    print(f"Wrote {check['report']} ({check['elapsed_s']:.0f} s): "
+          + ("all steps ran and passed" if check["ok"] else "some steps failed, timed out or were skipped"),
+          file=sys.stderr)
+    return 0 if check["ok"] else 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -161,10 +235,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns
     -------
     int
-      The exit status (0).
+      The exit status: 0; with ``--check``, 1 when a test or a step failed,
+      timed out or was skipped for lack of time.
     """
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.check or args.dry_run:
+        return _main_check(parser, args)
     cfg = config_from_args(args)
     if cfg.device_type == "cuda":
         import torch

@@ -88,6 +88,12 @@ class BenchConfig:
       allocator state does not follow a contender through all its rounds;
       ``'inprocess'`` runs them all in this process; ``'auto'``: inprocess
       in quick mode, process otherwise.
+
+    dims : tuple of (str, str)
+      Model sizes that override the workloads' defaults, as
+      ``("workload.size", "value")`` pairs, e.g. ``(("transformer.d_model",
+      "128"),)`` (``--dims transformer.d_model=128``); see
+      :data:`ampnet_bench.workloads.MODEL_DIMS`.
     """
 
     workloads: tuple[str, ...]
@@ -108,6 +114,7 @@ class BenchConfig:
     memory: str = "auto"
     contenders: tuple[str, ...] | None = None
     isolation: str = "auto"
+    dims: tuple[tuple[str, str], ...] = ()
 
     # ---- derived settings -------------------------------------------------
 
@@ -156,7 +163,13 @@ class BenchConfig:
             batch_size=self.batch_size,
             n_samples=self.n_samples,
             channels_last=self.channels_last,
+            dims=self.workload_dims(name),
         )
+
+    def workload_dims(self, name: str) -> dict[str, str]:
+        """The size overrides of :attr:`dims` that name workload ``name``."""
+        prefix = name + "."
+        return {key[len(prefix):]: value for key, value in self.dims if key.startswith(prefix)}
 
     # ---- (de)serialization -------------------------------------------------
 
@@ -165,6 +178,7 @@ class BenchConfig:
         out = asdict(self)
         out["workloads"] = list(self.workloads)
         out["contenders"] = None if self.contenders is None else list(self.contenders)
+        out["dims"] = [list(pair) for pair in self.dims]
         return out
 
     @classmethod
@@ -175,4 +189,5 @@ class BenchConfig:
         kwargs["workloads"] = tuple(kwargs["workloads"])
         if kwargs.get("contenders") is not None:
             kwargs["contenders"] = tuple(kwargs["contenders"])
+        kwargs["dims"] = tuple(tuple(pair) for pair in kwargs.get("dims", ()))
         return cls(**kwargs)

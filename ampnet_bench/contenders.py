@@ -42,6 +42,7 @@ __all__ = [
     "Contender",
     "CONTENDERS",
     "CONTENDER_KEYS",
+    "HEADLINE_CONTENDERS",
     "RunOutcome",
     "TensorBatches",
     "EpochClock",
@@ -151,6 +152,15 @@ CONTENDERS: tuple[Contender, ...] = (
 #: Keys of :data:`CONTENDERS`.
 CONTENDER_KEYS: tuple[str, ...] = tuple(c.key for c in CONTENDERS)
 
+#: The contenders of the docs' per-workload tables and of ``--check``: the float32 loop, the
+#: autocast loop (twice: the A/A control), the autocast loop with a fused optimizer, the peers
+#: (skorch + accelerate, Lightning), and AmpNet with default settings, ``'auto'`` and compensated
+#: pure weights.
+HEADLINE_CONTENDERS: tuple[str, ...] = (
+    "raw-fp32", "raw-amp", "raw-amp-aa", "raw-amp-fused", "skorch-accelerate", "lightning",
+    "ampnet-mixed", "ampnet-auto", "ampnet-pure-comp",
+)
+
 
 @dataclass
 class RunOutcome:
@@ -179,6 +189,10 @@ class RunOutcome:
       ``net.memory_report().to_dict()``; for the other contenders the same
       count (:func:`ampnet.precision.memory.measure_memory`) over their
       module and optimizer. None for prediction.
+
+    auto_choice : dict or None
+      ``amp_enabled='auto'`` only: what its probe chose (``chosen``, in
+      words; ``params``, the constructor parameters; ``probe_s``).
     """
 
     epoch_times: list[float]
@@ -187,6 +201,7 @@ class RunOutcome:
     param_dtypes: list[str]
     warnings: list[str] = field(default_factory=list)
     state_bytes: dict[str, Any] | None = None
+    auto_choice: dict[str, Any] | None = None
 
 
 class TensorBatches:
@@ -607,10 +622,15 @@ def run_contender(
             accuracy = _loss_and_accuracy(proba, data.y_eval)[1]
     messages = list(dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught))
     measured = times[cfg.warmup :]
-    if contender.auto and wl.task != "predict" and measured:
-        # the probe ran once, before the first epoch: its cost, spread over the measured epochs
-        probe_s = net.amp_autotune_.probe_s
-        measured = [t + probe_s / len(measured) for t in measured]
+    auto_choice = None
+    if contender.auto and wl.task != "predict":
+        result = net.amp_autotune_
+        auto_choice = {"chosen": str(getattr(result, "chosen", result.params)),
+                       "params": {k: _plain(v) for k, v in result.params.items()},
+                       "probe_s": float(result.probe_s)}
+        if measured:
+            # the probe ran once, before the first epoch: its cost, spread over the measured epochs
+            measured = [t + result.probe_s / len(measured) for t in measured]
     return RunOutcome(
         epoch_times=measured,
         final_loss=loss,
@@ -618,7 +638,13 @@ def run_contender(
         param_dtypes=_param_dtypes(module),
         warnings=messages,
         state_bytes=None if wl.task == "predict" else state,
+        auto_choice=auto_choice,
     )
+
+
+def _plain(value: Any) -> Any:
+    """A JSON-friendly form of an AMP parameter's value (dtypes and other objects as text)."""
+    return value if isinstance(value, (bool, int, float, str, type(None))) else str(value)
 
 
 def _predictor(

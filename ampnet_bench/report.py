@@ -126,6 +126,13 @@ def _workload_md(w: dict[str, Any]) -> list[str]:
             f"{_num(c['final_loss'], '.4f')} | {_num(c.get('loss_vs_fp32'), '.4f')} | "
             f"{_num(c.get('loss_vs_raw_amp'), '.4f')} | {_num(c['accuracy'], '.3f')} |"
         )
+    for c in w["contenders"]:
+        choice = c.get("auto_choice")
+        if choice:
+            others = sorted(set(choice["per_round"]) - {choice["chosen"]})
+            lines += ["", f"{c['key']}: `amp_enabled='auto'` chose **{choice['chosen']}** in "
+                          f"{choice['rounds']} of {len(choice['per_round'])} rounds"
+                          + (f" (other rounds: {', '.join(others)})" if others else "") + "."]
     comps = [c for c in w["comparisons"] if c["median"] is not None]
     targets = any(c["target"] for c in comps)
     aa = w.get("aa_control")

@@ -45,8 +45,8 @@ from ampnet_bench.memory import MemoryMeter, MemoryReading, describe_method, pro
 from ampnet_bench.workloads import Workload
 from ampnet_bench.worker import run_in_subprocess
 
-__all__ = ["AA_PAIRS", "Comparison", "COMPARISONS", "PEERS", "SCHEMA_VERSION", "aa_control", "run_benchmark",
-           "run_workload", "verdict"]
+__all__ = ["AA_PAIRS", "Comparison", "COMPARISONS", "FASTEST_LOOPS", "PEERS", "SCHEMA_VERSION", "aa_control",
+           "run_benchmark", "run_workload", "verdict"]
 
 #: Version of the JSON results layout.
 SCHEMA_VERSION = 2
@@ -57,6 +57,10 @@ AA_PAIRS = (("raw-amp", "raw-amp-aa"), ("ampnet-fp32", "ampnet-fp32-aa"))
 
 #: The peers in their default configuration (time of the fastest per round).
 PEERS = ("raw-amp", "skorch-accelerate", "lightning")
+
+#: The hand-written loops auto is held to: float32, and autocast with a fused optimizer (the
+#: fastest of the two per round).
+FASTEST_LOOPS = ("raw-fp32", "raw-amp-fused")
 
 Logger = Callable[[str], None]
 
@@ -147,6 +151,9 @@ COMPARISONS: tuple[Comparison, ...] = (
                "Lightning)", "ampnet-auto", PEERS, "speedup"),
     Comparison("ampnet_auto_vs_fp32", "AmpNet auto (probe included) time / AmpNet fp32 time",
                "ampnet-auto", "ampnet-fp32", "time_ratio"),
+    Comparison("ampnet_auto_vs_fastest_loop",
+               "AmpNet auto (probe included): speed-up over the fastest of the float32 loop and the fused "
+               "autocast loop", "ampnet-auto", FASTEST_LOOPS, "speedup"),
 )
 
 
@@ -252,9 +259,24 @@ def _contender_summary(
         "state_bytes": next((o.state_bytes for o in reversed(rec.outcomes) if o.state_bytes), None),
         "accuracy": _median([o.accuracy for o in rec.outcomes]),
         "param_dtypes": rec.outcomes[-1].param_dtypes if rec.outcomes else None,
+        "auto_choice": _auto_choice(rec),
         "warnings": list(dict.fromkeys(w for o in rec.outcomes for w in o.warnings)),
         "notes": notes,
     }
+
+
+def _auto_choice(rec: _Record) -> dict[str, Any] | None:
+    """What ``amp_enabled='auto'`` chose over the rounds: the choice most
+    rounds made (``chosen``, ``params``), how many rounds made it, and
+    every round's choice; None for other contenders."""
+    choices = [o.auto_choice for o in rec.outcomes if o.auto_choice]
+    if not choices:
+        return None
+    words = [c["chosen"] for c in choices]
+    top = max(dict.fromkeys(words), key=words.count)
+    first = next(c for c in choices if c["chosen"] == top)
+    return {"chosen": top, "params": first.get("params"), "rounds": words.count(top),
+            "per_round": words, "probe_s": [c.get("probe_s") for c in choices]}
 
 
 def _round_time(rec: _Record | None, r: int) -> float | None:

@@ -9,8 +9,10 @@ subprocess) sees bitwise identical data and initial weights.
 from __future__ import annotations
 
 import functools
+import importlib.util
 from dataclasses import dataclass, field, replace
-from typing import Callable
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
 
 import torch
 from torch import nn
@@ -22,12 +24,23 @@ __all__ = [
     "WORKLOAD_NAMES",
     "MLP",
     "ConvNet",
+    "TransformerClassifier",
     "TinyTransformer",
+    "ResNet18",
+    "RNNClassifier",
+    "resnet18_module",
+    "torchvision_available",
     "get_workload",
+    "MODEL_WORKLOADS",
+    "MODEL_DIMS",
 ]
 
 #: Names accepted by ``--workload`` (besides ``all``), in run order.
-WORKLOAD_NAMES = ("mlp", "cnn", "transformer", "overhead", "predict")
+WORKLOAD_NAMES = ("mlp", "cnn", "transformer", "resnet", "rnn", "overhead", "predict")
+
+#: The training workloads that stand for a kind of model (the others measure overhead and
+#: prediction): the docs show one section each, and ``--check`` runs them all.
+MODEL_WORKLOADS = ("mlp", "cnn", "transformer", "resnet", "rnn")
 
 
 # ---- models ---------------------------------------------------------------
@@ -102,9 +115,10 @@ class ConvNet(nn.Module):
         return self.head(h.mean(dim=(2, 3)))
 
 
-class TinyTransformer(nn.Module):
-    """Token and position embeddings, a Transformer encoder, mean pooling
-    and a linear classifier, returning logits.
+class TransformerClassifier(nn.Module):
+    """Token and position embeddings, a Transformer encoder (``batch_first``,
+    pre-norm, GELU; its attention runs on ``F.scaled_dot_product_attention``),
+    mean pooling and a linear classifier, returning logits.
 
     Parameters
     ----------
@@ -124,25 +138,209 @@ class TinyTransformer(nn.Module):
     def __init__(
         self,
         vocab: int = 1000,
-        seq_len: int = 64,
-        d_model: int = 128,
+        seq_len: int = 128,
+        d_model: int = 256,
         n_heads: int = 4,
-        d_ff: int = 256,
-        n_layers: int = 2,
+        d_ff: int = 1024,
+        n_layers: int = 4,
         n_classes: int = 10,
     ) -> None:
         super().__init__()
         self.embed = nn.Embedding(vocab, d_model)
         self.pos = nn.Parameter(torch.randn(seq_len, d_model) * 0.02)
         layer = nn.TransformerEncoderLayer(
-            d_model, n_heads, dim_feedforward=d_ff, dropout=0.0, batch_first=True
+            d_model, n_heads, dim_feedforward=d_ff, dropout=0.0, activation="gelu",
+            batch_first=True, norm_first=True,
         )
         self.encoder = nn.TransformerEncoder(layer, n_layers, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, n_classes)
 
     def forward(self, X: torch.Tensor) -> torch.Tensor:
         h = self.encoder(self.embed(X) + self.pos)
-        return self.head(h.mean(dim=1))
+        return self.head(self.norm(h).mean(dim=1))
+
+
+#: The earlier name of :class:`TransformerClassifier`.
+TinyTransformer = TransformerClassifier
+
+
+def _to_channels_last(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Forward pre-hook: the input in ``torch.channels_last`` (a module-level
+    function, so that the module still pickles)."""
+    return (args[0].contiguous(memory_format=torch.channels_last), *args[1:])
+
+
+class _BasicBlock(nn.Module):
+    """ResNet's basic block: two 3x3 convolutions with BatchNorm, and a
+    1x1 convolution with BatchNorm on the shortcut where the shape changes
+    (the attribute names are torchvision's, so the state dicts match)."""
+
+    def __init__(self, c_in: int, c_out: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c_out)
+        self.relu = nn.ReLU(inplace=True)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, stride=1, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(c_out)
+        self.downsample: nn.Module | None = None
+        if stride != 1 or c_in != c_out:
+            self.downsample = nn.Sequential(
+                nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False), nn.BatchNorm2d(c_out)
+            )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        identity = x if self.downsample is None else self.downsample(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return self.relu(out + identity)
+
+
+class ResNet18(nn.Module):
+    """ResNet-18 written out: the structure, parameter names and
+    initialization of torchvision's ``resnet18(weights=None)`` (a 7x7
+    stride-2 stem with BatchNorm and max pooling, four stages of basic
+    blocks, global average pooling, a linear classifier), for machines
+    without torchvision; returns logits.
+
+    Parameters
+    ----------
+    n_classes : int
+      Number of classes.
+
+    widths : tuple of int
+      Channels of the four stages (torchvision: 64, 128, 256, 512).
+
+    blocks : tuple of int
+      Basic blocks per stage (torchvision: 2, 2, 2, 2).
+    """
+
+    def __init__(
+        self,
+        n_classes: int = 10,
+        widths: tuple[int, ...] = (64, 128, 256, 512),
+        blocks: tuple[int, ...] = (2, 2, 2, 2),
+    ) -> None:
+        super().__init__()
+        stem = widths[0]
+        self.conv1 = nn.Conv2d(3, stem, kernel_size=7, stride=2, padding=3, bias=False)
+        self.bn1 = nn.BatchNorm2d(stem)
+        self.relu = nn.ReLU(inplace=True)
+        self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
+        c_in = stem
+        for i, (width, n_blocks) in enumerate(zip(widths, blocks)):
+            stage = []
+            for j in range(n_blocks):
+                stage.append(_BasicBlock(c_in, width, 2 if (j == 0 and i > 0) else 1))
+                c_in = width
+            setattr(self, f"layer{i + 1}", nn.Sequential(*stage))
+        self.n_stages = len(widths)
+        self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+        self.fc = nn.Linear(c_in, n_classes)
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+            elif isinstance(m, nn.BatchNorm2d):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        for i in range(self.n_stages):
+            x = getattr(self, f"layer{i + 1}")(x)
+        return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
+def torchvision_available() -> bool:
+    """Whether torchvision can be imported (found on the path; not imported)."""
+    return importlib.util.find_spec("torchvision") is not None
+
+
+def resnet18_module(
+    n_classes: int = 10,
+    widths: tuple[int, ...] = (64, 128, 256, 512),
+    blocks: tuple[int, ...] = (2, 2, 2, 2),
+    channels_last: bool = False,
+    use_torchvision: bool | None = None,
+) -> nn.Module:
+    """A ResNet-18 without pretrained weights: torchvision's
+    ``resnet18(weights=None, num_classes=n_classes)`` where torchvision is
+    installed and the sizes are ResNet-18's, else :class:`ResNet18`.
+
+    Parameters
+    ----------
+    n_classes : int
+      Number of classes.
+
+    widths, blocks : tuple of int
+      Stage widths and blocks per stage; other than ResNet-18's (tiny test
+      sizes) always the written-out module.
+
+    channels_last : bool
+      Convert the input to ``torch.channels_last`` in a forward pre-hook
+      (the weights are converted by :meth:`Workload.build_module`).
+
+    use_torchvision : bool or None
+      None: torchvision where available; True: torchvision (ImportError
+      without it); False: the written-out module.
+
+    Returns
+    -------
+    torch.nn.Module
+    """
+    standard = tuple(widths) == (64, 128, 256, 512) and tuple(blocks) == (2, 2, 2, 2)
+    if use_torchvision is None:
+        use_torchvision = standard and torchvision_available()
+    if use_torchvision:
+        if not standard:
+            raise ValueError("torchvision's resnet18 has ResNet-18's widths and blocks only")
+        from torchvision.models import resnet18
+
+        module = resnet18(weights=None, num_classes=n_classes)
+    else:
+        module = ResNet18(n_classes, tuple(widths), tuple(blocks))
+    if channels_last:
+        module.register_forward_pre_hook(_to_channels_last)
+    return module
+
+
+class RNNClassifier(nn.Module):
+    """Token embedding, a multi-layer LSTM or GRU (``batch_first``), mean
+    pooling over time and a linear classifier, returning logits.
+
+    Parameters
+    ----------
+    vocab : int
+      Vocabulary size.
+
+    d_embed, hidden, n_layers : int
+      Embedding width, recurrent state width and recurrent layers.
+
+    cell : str
+      ``'lstm'`` or ``'gru'``.
+
+    n_classes : int
+      Number of classes.
+    """
+
+    def __init__(
+        self,
+        vocab: int = 1000,
+        d_embed: int = 128,
+        hidden: int = 256,
+        n_layers: int = 2,
+        cell: str = "lstm",
+        n_classes: int = 10,
+    ) -> None:
+        super().__init__()
+        rnn_cls = {"lstm": nn.LSTM, "gru": nn.GRU}[cell]
+        self.embed = nn.Embedding(vocab, d_embed)
+        self.rnn = rnn_cls(d_embed, hidden, num_layers=n_layers, batch_first=True)
+        self.head = nn.Linear(hidden, n_classes)
+
+    def forward(self, X: torch.Tensor) -> torch.Tensor:
+        out, _ = self.rnn(self.embed(X))
+        return self.head(out.mean(dim=1))
 
 
 # ---- data -----------------------------------------------------------------
@@ -329,12 +527,76 @@ _FAST_DEFAULTS = (
 )
 
 
+#: Issue 27's targets for the workloads people train with AMP: AmpNet with default settings at
+#: least as fast as the fastest peer and at least 0.95x the fused autocast loop; ``amp_enabled='auto'``
+#: (its probe included) at least 0.97x the fastest of the float32 loop and the fused autocast loop.
+_NEW_WORKLOAD_TARGETS = (
+    Target("ampnet_mixed_vs_fastest_peer", ">=", 1.0), Target("ampnet_mixed_vs_best_loop", "<=", 1 / 0.95),
+    Target("ampnet_auto_vs_fastest_loop", ">=", 0.97),
+)
+
+# Rows per epoch of the transformer, the ResNet and the RNN (full sizes) are chosen so that one
+# workload's docs measurement (9 contenders x 3 rounds, each run a fresh process of 1 warm-up and 2
+# measured epochs) takes a few minutes on a quiet 2-core CPU with AVX512-BF16 (no AMX), where one
+# float32 step took about 0.6 s (transformer, batch 16), 0.25 s (ResNet-18, batch 32) and 0.06 s
+# (LSTM, batch 32; about 1.2 s under bf16 autocast): 2, 4 and 2 batches per epoch. On a GPU, pass
+# --n-samples (``--check`` runs 4x these rows).
+
+#: Model sizes of the workloads built from a dict of sizes: ``(full, quick)`` per workload.
+#: ``get_workload(..., dims={...})`` (``--dims key=value,...``) overrides single entries.
+MODEL_DIMS: "Mapping[str, tuple[Mapping[str, Any], Mapping[str, Any]]]" = MappingProxyType({
+    "transformer": (
+        MappingProxyType(dict(vocab=1000, seq_len=128, d_model=256, n_heads=4, d_ff=1024, n_layers=4)),
+        MappingProxyType(dict(vocab=200, seq_len=16, d_model=32, n_heads=2, d_ff=64, n_layers=1)),
+    ),
+    "resnet": (
+        MappingProxyType(dict(size=64, widths=(64, 128, 256, 512), blocks=(2, 2, 2, 2))),
+        MappingProxyType(dict(size=16, widths=(8, 16, 32, 64), blocks=(1, 1, 1, 1))),
+    ),
+    "rnn": (
+        MappingProxyType(dict(vocab=1000, seq_len=64, d_embed=128, hidden=256, n_layers=2, cell="lstm")),
+        MappingProxyType(dict(vocab=200, seq_len=12, d_embed=16, hidden=32, n_layers=1, cell="lstm")),
+    ),
+})
+
+
+def _dims(name: str, quick: bool, overrides: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The model sizes of a workload: its full or quick defaults with ``overrides`` applied."""
+    defaults = dict(MODEL_DIMS[name][1 if quick else 0])
+    unknown = sorted(set(overrides or ()) - set(defaults))
+    if unknown:
+        raise ValueError(
+            f"workload {name!r} has no size {', '.join(map(repr, unknown))}; its sizes are "
+            f"{', '.join(sorted(defaults))}"
+        )
+    for key, value in (overrides or {}).items():
+        default = defaults[key]
+        if isinstance(default, tuple):
+            parts = value.split("-") if isinstance(value, str) else value
+            defaults[key] = tuple(int(v) for v in parts)
+        else:
+            defaults[key] = type(default)(value)
+    return defaults
+
+
+def _resnet_implementation(widths: tuple[int, ...], blocks: tuple[int, ...]) -> str:
+    if tuple(widths) == (64, 128, 256, 512) and tuple(blocks) == (2, 2, 2, 2):
+        return "torchvision resnet18" if torchvision_available() else "ResNet-18 written out"
+    return f"ResNet written out ({'-'.join(map(str, blocks))} blocks)"
+
+
+def _no_dims(name: str, dims: Mapping[str, Any] | None) -> None:
+    if dims:
+        raise ValueError(f"workload {name!r} takes no sizes (--dims); {', '.join(MODEL_DIMS)} do")
+
+
 def get_workload(
     name: str,
     quick: bool = False,
     batch_size: int | None = None,
     n_samples: int | None = None,
     channels_last: bool = False,
+    dims: Mapping[str, Any] | None = None,
 ) -> Workload:
     """Build a workload by name.
 
@@ -350,12 +612,19 @@ def get_workload(
       Override the workload's defaults.
 
     channels_last : bool
-      Use the channels_last memory format (``cnn`` only; ignored elsewhere).
+      Use the channels_last memory format (``cnn`` and ``resnet``; ignored elsewhere).
+
+    dims : mapping or None
+      Model sizes that override the workload's defaults (:data:`MODEL_DIMS`:
+      ``transformer``, ``resnet`` and ``rnn``); e.g. ``{"d_model": 128}``,
+      ``{"widths": "8-16-32-64"}``; values may be strings (the command line's).
 
     Returns
     -------
     Workload
     """
+    if name in ("mlp", "cnn", "predict"):
+        _no_dims(name, dims)
     if name == "mlp":
         sizes = (256, 512, 512, 10) if quick else (1024, 2048, 2048, 10)
         wl = Workload(
@@ -394,27 +663,63 @@ def get_workload(
             targets=(_AMP_VS_RAW, _PURE_VS_MIXED, _BEST_VS_PEERS, _COMP_VS_MIXED),
         )
     elif name == "transformer":
-        dims = dict(vocab=200, seq_len=16, d_model=32, n_heads=2, d_ff=64, n_layers=1) if quick else dict(
-            vocab=1000, seq_len=64, d_model=128, n_heads=4, d_ff=256, n_layers=2
-        )
+        d = _dims(name, quick, dims)
         wl = Workload(
             name="transformer",
             title=(
-                f"Transformer encoder, {dims['n_layers']} layer{'s' if dims['n_layers'] > 1 else ''}, "
-                f"d_model {dims['d_model']}, "
-                f"{dims['n_heads']} heads, seq {dims['seq_len']}"
+                f"Transformer encoder classifier, {d['n_layers']} layer{'s' if d['n_layers'] > 1 else ''}, "
+                f"d_model {d['d_model']}, {d['n_heads']} heads, seq {d['seq_len']}"
             ),
             task="train",
-            batch_size=64,
-            n_samples=256 if quick else 2048,
-            n_eval=128 if quick else 1024,
-            module_factory=functools.partial(TinyTransformer, n_classes=10, **dims),
+            batch_size=32 if quick else 16,
+            n_samples=128 if quick else 32,
+            n_eval=64,
+            module_factory=functools.partial(TransformerClassifier, n_classes=10, **d),
             data_factory=functools.partial(
-                _token_data, vocab=dims["vocab"], seq_len=dims["seq_len"], n_classes=10
+                _token_data, vocab=d["vocab"], seq_len=d["seq_len"], n_classes=10
             ),
-            targets=(_AMP_VS_RAW, _PURE_VS_MIXED),
+            targets=(_AMP_VS_RAW, _PURE_VS_MIXED, *_NEW_WORKLOAD_TARGETS),
+        )
+    elif name == "resnet":
+        d = _dims(name, quick, dims)
+        size = d.pop("size")
+        implementation = _resnet_implementation(d["widths"], d["blocks"])
+        wl = Workload(
+            name="resnet",
+            title=(
+                f"{implementation} (BatchNorm), 3x{size}x{size} images, widths "
+                f"{'-'.join(map(str, d['widths']))}" + (", channels_last" if channels_last else "")
+            ),
+            task="train",
+            batch_size=32,
+            n_samples=128,
+            n_eval=64,
+            module_factory=functools.partial(resnet18_module, 10, channels_last=channels_last, **d),
+            data_factory=functools.partial(_image_data, size=size, n_classes=10),
+            channels_last=channels_last,
+            targets=(_AMP_VS_RAW, _PURE_VS_MIXED, *_NEW_WORKLOAD_TARGETS),
+        )
+    elif name == "rnn":
+        d = _dims(name, quick, dims)
+        seq_len = d.pop("seq_len")
+        wl = Workload(
+            name="rnn",
+            title=(
+                f"{d['cell'].upper()} classifier, {d['n_layers']} layer{'s' if d['n_layers'] > 1 else ''}, "
+                f"hidden {d['hidden']}, embedding {d['d_embed']}, seq {seq_len}"
+            ),
+            task="train",
+            batch_size=32,
+            n_samples=128 if quick else 64,
+            n_eval=64,
+            module_factory=functools.partial(RNNClassifier, n_classes=10, **d),
+            data_factory=functools.partial(
+                _token_data, vocab=d["vocab"], seq_len=seq_len, n_classes=10
+            ),
+            targets=(_AMP_VS_RAW, _PURE_VS_MIXED, *_NEW_WORKLOAD_TARGETS),
         )
     elif name == "overhead":
+        _no_dims(name, dims)
         sizes = (20, 64, 2)
         wl = Workload(
             name="overhead",

@@ -489,3 +489,220 @@ def test_monitor_and_noguard_contenders_train_as_labelled():
     assert nets["ampnet-fp32-noguard"].amp_skip_nonfinite is False
     assert nets["ampnet-fp32"].amp_skip_nonfinite is True
     assert not nets["ampnet-fp32-monitor"].precision_policy_.enabled
+
+
+# ---- the workloads people train with AMP: transformer, ResNet, LSTM ---------------------------
+
+
+def _count(module, cls):
+    return sum(isinstance(m, cls) for m in module.modules())
+
+
+def test_full_size_workloads_are_the_stated_models():
+    from torch import nn
+
+    from ampnet_bench.workloads import get_workload
+
+    t = get_workload("transformer")
+    module, data = t.build_module(0), t.make_data(0)
+    layers = [m for m in module.modules() if isinstance(m, nn.TransformerEncoderLayer)]
+    assert len(layers) == 4 and all(m.self_attn.batch_first for m in layers)
+    assert module.embed.embedding_dim == 256 and data.X.shape[1] == 128 and data.X.dtype == torch.int64
+    r = get_workload("resnet")
+    resnet, images = r.build_module(0), r.make_data(0)
+    # ResNet-18 with a 10-class head: torchvision's 11,689,512 less 512 x 990 + 990
+    assert sum(p.numel() for p in resnet.parameters()) == 11_181_642
+    assert _count(resnet, nn.BatchNorm2d) == 20 and images.X.shape[1:] == (3, 64, 64)
+    n = get_workload("rnn")
+    rnn = n.build_module(0)
+    assert _count(rnn, nn.LSTM) == 1 and rnn.rnn.num_layers == 2 and rnn.rnn.batch_first
+    with torch.no_grad():
+        for wl, module, X in ((t, module, data.X[:2]), (r, resnet.eval(), images.X[:2]),
+                              (n, rnn, n.make_data(0).X[:2])):
+            assert module(X).shape == (2, 10), wl.name
+    for wl in (t, r, n):
+        assert wl.task == "train" and wl.n_batches >= 2
+        assert {tg.comparison for tg in wl.targets} >= {"ampnet_mixed_vs_fastest_peer", "ampnet_auto_vs_fastest_loop"}
+
+
+def test_quick_workloads_are_tiny_and_sizes_override():
+    from ampnet_bench.workloads import MODEL_DIMS, get_workload
+
+    for name in MODEL_DIMS:
+        module = get_workload(name, quick=True).build_module(0)
+        assert sum(p.numel() for p in module.parameters()) < 100_000, name
+    wl = get_workload("transformer", quick=True, dims={"d_model": "48", "n_layers": 2})
+    assert wl.build_module(0).embed.embedding_dim == 48 and "2 layers" in wl.title
+    gru = get_workload("rnn", quick=True, dims={"cell": "gru"}).build_module(0)
+    assert isinstance(gru.rnn, torch.nn.GRU)
+    narrow = get_workload("resnet", quick=True, dims={"widths": "4-8-16-32"}).build_module(0)
+    assert narrow.fc.in_features == 32
+    with pytest.raises(ValueError, match="no size 'depth'"):
+        get_workload("transformer", dims={"depth": 3})
+    with pytest.raises(ValueError, match="takes no sizes"):
+        get_workload("mlp", dims={"d_model": 3})
+
+
+def test_cli_reaches_the_new_workloads_and_their_sizes():
+    args = cli.build_parser().parse_args(
+        ["--workload", "transformer", "resnet", "rnn", "--quick", "--dims", "transformer.d_model=64",
+         "rnn.cell=gru"])
+    cfg = cli.config_from_args(args)
+    assert cfg.workloads == ("transformer", "resnet", "rnn")
+    assert cfg.workload("transformer").build_module(0).embed.embedding_dim == 64
+    assert isinstance(cfg.workload("rnn").build_module(0).rnn, torch.nn.GRU)
+    assert cfg.workload_dims("resnet") == {}
+    assert BenchConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg  # the workers get the sizes
+    all_cfg = cli.config_from_args(cli.build_parser().parse_args([]))
+    assert {"transformer", "resnet", "rnn"} <= set(all_cfg.workloads)
+    for bad in ("transformer.depth=3", "mlp.d_model=3", "d_model=3"):
+        with pytest.raises(SystemExit):
+            cli.build_parser().parse_args(["--dims", bad])
+
+
+def test_written_out_resnet18_has_torchvisions_structure():
+    import pickle
+
+    from ampnet_bench.workloads import ResNet18, resnet18_module
+
+    torch.manual_seed(0)
+    module = resnet18_module(10, use_torchvision=False)
+    assert isinstance(module, ResNet18)
+    stages = [getattr(module, f"layer{i}") for i in range(1, 5)]
+    assert [len(s) for s in stages] == [2, 2, 2, 2]
+    assert [s[0].downsample is not None for s in stages] == [False, True, True, True]
+    assert [s[-1].conv2.out_channels for s in stages] == [64, 128, 256, 512]
+    assert module.conv1.kernel_size == (7, 7) and module.conv1.stride == (2, 2)
+    X = torch.randn(2, 3, 64, 64)
+    last = resnet18_module(10, use_torchvision=False, channels_last=True)
+    last.load_state_dict(module.state_dict())
+    last = last.to(memory_format=torch.channels_last).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(last(X), module.eval()(X), rtol=1e-4, atol=1e-4)
+    assert pickle.loads(pickle.dumps(last))(X).shape == (2, 10)  # the hook is a module-level function
+
+
+def test_resnet_is_torchvisions_resnet18_where_installed():
+    torchvision = pytest.importorskip("torchvision")
+    from ampnet_bench.workloads import get_workload, resnet18_module
+
+    ours = resnet18_module(10, use_torchvision=False)
+    theirs = torchvision.models.resnet18(weights=None, num_classes=10)
+    assert {k: v.shape for k, v in ours.state_dict().items()} == {k: v.shape for k, v in theirs.state_dict().items()}
+    theirs.load_state_dict(ours.state_dict())
+    X = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(theirs.eval()(X), ours.eval()(X))
+    assert isinstance(resnet18_module(10), torchvision.models.ResNet)
+    assert get_workload("resnet").title.startswith("torchvision resnet18")
+
+
+@pytest.mark.slow
+def test_new_workloads_run_every_contender(tmp_path):
+    from ampnet_bench.docs_tables import summarize, table_markdown
+
+    cfg = BenchConfig(workloads=("transformer", "resnet", "rnn"), quick=True, rounds=1, epochs=1, warmup=1,
+                      optimizer="adamw")
+    results = runner.run_benchmark(cfg, log=lambda msg: None)
+    _check_results(results, ["transformer", "resnet", "rnn"], rounds=1)
+    flags = results["machine"]["cpu_flags"]
+    assert isinstance(flags["avx512_bf16"], bool) and isinstance(flags["amx_bf16"], bool)
+    md = to_markdown(results)
+    for w in results["workloads"]:
+        assert [c["key"] for c in w["contenders"]] == list(CONTENDER_KEYS)
+        auto = by_key(w, "ampnet-auto")["auto_choice"]
+        assert auto["chosen"] and auto["rounds"] == 1 and auto["per_round"] == [auto["chosen"]]
+        assert auto["probe_s"][0] > 0 and "amp_enabled" in json.dumps(auto["params"])
+        assert f"`amp_enabled='auto'` chose **{auto['chosen']}**" in md
+        assert all(c["auto_choice"] is None for c in w["contenders"] if c["key"] != "ampnet-auto")
+        entry = summarize(w)
+        for row in entry["rows"]:
+            c = by_key(w, row["key"])
+            assert row["ms_per_batch"] == pytest.approx(c["ms_per_batch"])
+            assert row["min_ms"] <= row["ms_per_batch"] <= row["max_ms"]
+            assert row["final_loss"] == pytest.approx(c["final_loss"])
+        assert entry["aa_spread"] == pytest.approx(w["aa_control"]["spread"])
+        assert auto["chosen"] in entry["auto_choice"]
+        assert "not yet measured" not in "\n".join(table_markdown(entry)).split("| target |")[0]
+    assert "avx512_bf16" in md and "amx_bf16" in md
+
+
+# ---- the performance page's per-workload sections ---------------------------------------------
+
+
+def _docs_entry(times_ms):
+    from ampnet_bench.docs_tables import placeholder_data
+
+    entry = placeholder_data()["workloads"][0]
+    entry["auto_choice"] = "bfloat16 (mixed) (3 of 3 rounds)"
+    for row, ms in zip(entry["rows"], times_ms):
+        row.update(ms_per_batch=ms, min_ms=0.9 * ms, max_ms=1.2 * ms, epoch_s=ms * entry["n_batches"] / 1000,
+                   x_fp32_loop=ms / times_ms[0], final_loss=0.5, loss_vs_fp32=1.0, peak_mb=500.0, state_mib=96.4)
+    return entry
+
+
+def _check_docs_chart(fig, entry):
+    ax = fig.axes[0]
+    bars = {round(r.get_y() + r.get_height() / 2): r.get_width() for r in ax.patches}
+    labels = {round(t.get_position()[1]): t.get_text().strip() for t in ax.texts}
+    names = [t.get_text() for t in ax.get_yticklabels()]
+    assert sorted(bars) == sorted(labels)
+    rows = {r["label"]: r for r in entry["rows"]}
+    for y, width in bars.items():
+        value, unit = labels[y].split()
+        assert unit == "ms" and abs(width - float(value)) <= 0.05 + 1e-9, (names[y], width, labels[y])
+        assert width == pytest.approx(rows[names[y]]["ms_per_batch"])
+    return bars
+
+
+def test_docs_chart_bars_agree_with_their_labels():
+    from ampnet_bench.docs_tables import PLACEHOLDER, build_chart, placeholder_data
+
+    times = [120.0, 60.0, 61.5, 45.25, 70.0, 72.0, 47.0, 50.0, 66.6]
+    entry = _docs_entry(times)
+    bars = _check_docs_chart(build_chart(entry), entry)
+    assert sorted(bars.values()) == pytest.approx(sorted(times))  # one bar per contender, as long as its time
+    placeholder = placeholder_data()["workloads"][2]
+    ax = build_chart(placeholder).axes[0]
+    assert not ax.patches and [t.get_text() for t in ax.texts] == [PLACEHOLDER]
+    assert len(ax.get_yticklabels()) == len(placeholder["rows"])
+
+
+def test_docs_tables_are_generated_between_the_markers():
+    from ampnet_bench.docs_tables import PLACEHOLDER, placeholder_data, table_markdown, update_page
+
+    data = placeholder_data()
+    page = "intro\n" + "".join(f"% begin generated benchmark table: {n}\nold\n% end generated benchmark table: {n}\n"
+                               for n in ["machine"] + [w["name"] for w in data["workloads"]]) + "outro\n"
+    once = update_page(page, data)
+    assert "old" not in once and once.startswith("intro\n") and once.endswith("outro\n")
+    assert update_page(once, data) == once
+    assert once.count(PLACEHOLDER) > len(data["workloads"]) and "tools/benchmark_figure.py --measure" in once
+    data["workloads"][0] = _docs_entry([10.0] * 9)
+    data["workloads"][0]["aa_spread"] = 0.042
+    measured = "\n".join(table_markdown(data["workloads"][0]))
+    row = next(line for line in measured.splitlines() if line.startswith("| PyTorch loop, float32 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    entry = data["workloads"][0]
+    assert float(cells[1].split()[0]) == pytest.approx(10.0 * entry["n_batches"])  # epoch, ms
+    assert [float(cells[i].split()[0]) for i in (2, 3, 4, 5)] == pytest.approx([10.0, 1.0, 500.0, 96.4])
+    assert "4.2%" in measured and PLACEHOLDER not in measured.split("| target |")[0]
+    with pytest.raises(ValueError, match="no markers"):
+        update_page("no markers here\n", data)
+
+
+def test_performance_page_shows_every_workload_from_the_json():
+    from pathlib import Path
+
+    from ampnet_bench.docs_tables import update_page
+    from ampnet_bench.workloads import MODEL_WORKLOADS
+
+    root = Path(__file__).resolve().parent.parent
+    data = json.loads((root / "docs" / "_data" / "benchmark_workloads.json").read_text(encoding="utf-8"))
+    page = (root / "docs" / "user_guide" / "performance.md").read_text(encoding="utf-8")
+    assert [w["name"] for w in data["workloads"]] == list(MODEL_WORKLOADS)
+    assert update_page(page, data) == page  # the page's tables are the JSON's
+    for name in MODEL_WORKLOADS:
+        png = root / "docs" / "_static" / f"benchmark-{name}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"../_static/benchmark-{name}.png" in page
+    assert "python tools/benchmark_figure.py --measure" in page

@@ -18,6 +18,7 @@ def test_demo_prints_progress_and_table(tmp_path):
     first = proc.stdout.readline()
     assert first.startswith("ampnet demo: scikit-learn digits")
     assert proc.stdout.readline() == "\n"
+    assert proc.stdout.readline().startswith("warming up (")
     progress = proc.stdout.read(len("[1/3] float32 (AMP off): training ..."))
     assert progress == "[1/3] float32 (AMP off): training ..."
     assert proc.poll() is None  # flushed while the first run trains
@@ -31,7 +32,7 @@ def test_demo_prints_progress_and_table(tmp_path):
     assert [line.split(":")[0] for line in done] == ["[1/3] float32 (AMP off)",
                                                     "[2/3] AMP on, amp_dtype='auto'",
                                                     "[3/3] amp_enabled='auto'"]
-    assert all(" done in " in line and "(test accuracy 0." in line for line in done)
+    assert all(" done in " in line and "(the fit: 1 epoch" in line and "test accuracy 0." in line for line in done)
     header = next(line for line in lines if line.startswith("run"))
     columns = ("precision used", "test acc", "median epoch ms", "skipped", "notes")
     assert all(column in header for column in columns)
@@ -74,3 +75,33 @@ def test_demo_refuses_a_device_that_is_not_a_torch_device(capsys):
         "python -m ampnet: error: argument --device: 'bogus' is not a torch device; use cpu, cuda, "
         "cuda:<index> or mps")
     assert "Traceback" not in err
+
+
+def test_demo_times_each_fit_after_an_untimed_warm_up(capsys, monkeypatch):
+    """The first run's "done in" included the process's first-fit costs (float32 "1.0 s" against
+    AMP's "0.1 s"): an untimed warm-up fits every precision first, and each line says what it timed."""
+    import re
+
+    import ampnet.__main__ as demo
+    from ampnet import AmpNetClassifier
+
+    fits = []
+    real_fit = AmpNetClassifier.fit
+
+    def fit(self, X, y=None, **kw):
+        fits.append((self.amp_enabled, len(X)))
+        return real_fit(self, X, y, **kw)
+
+    monkeypatch.setattr(AmpNetClassifier, "fit", fit)
+    assert demo.main(["--epochs", "2", "--hidden", "16"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    warm = next(i for i, line in enumerate(out) if line.startswith("warming up ("))
+    first = next(i for i, line in enumerate(out) if line.startswith("[1/3]"))
+    assert warm < first and " done in " in out[warm] and "untimed" in out[warm]
+    # the warm-up fits float32 and AMP on a few rows before the timed runs, on all the rows
+    n = fits[-1][1]
+    assert fits[:2] == [(False, demo.WARM_UP_ROWS), (True, demo.WARM_UP_ROWS)]
+    assert [f[0] for f in fits[2:]] == [False, True, "auto"] and all(f[1] == n > demo.WARM_UP_ROWS for f in fits[2:])
+    done = [line for line in out if line.startswith("[")]
+    assert all(re.search(r"done in \d+\.\d+ s \(the fit: 2 epochs", line) for line in done), done
+    assert "probe included" in done[2] and "probe" not in done[0] + done[1]

@@ -129,9 +129,51 @@ def documented_names() -> set[str]:
     for line in read("api").splitlines():
         if m := re.match(r"^\.\. currentmodule:: (\S+)", line):
             current = m[1]
-        elif m := re.match(r"^\.\. auto(?:class|function|exception|data|attribute):: (\S+)", line):
+        elif m := re.match(r"^\.\. (?:auto(?:class|function|exception|data|attribute)|py:class):: ([\w.]+)", line):
             names.add(m[1] if "." in m[1] else f"{current}.{m[1]}")
     return names
+
+
+def autodoc_texts() -> list[str]:
+    """The docstrings that api.md's autodoc directives render (not those of manual ``py:class`` entries)."""
+    texts, current = [], ""
+    for line in read("api").splitlines():
+        if m := re.match(r"^\.\. currentmodule:: (\S+)", line):
+            current = m[1]
+        elif m := re.match(r"^\.\. auto(?:class|function|exception):: (\S+)", line):
+            qualified = m[1] if "." in m[1] else f"{current}.{m[1]}"
+            module, name = qualified.rsplit(".", 1)
+            texts.append(inspect.getdoc(getattr(importlib.import_module(module), name)) or "")
+    return texts
+
+
+NETS = (ampnet.AmpNet, ampnet.AmpNetClassifier, ampnet.AmpNetRegressor, ampnet.AmpNetBinaryClassifier)
+
+
+@pytest.mark.parametrize("cls", NETS, ids=lambda c: c.__name__)
+def test_help_shows_the_amp_parameters_first(cls):
+    """help(AmpNetClassifier) showed amp_enabled at line 225, after skorch's text."""
+    import pydoc
+
+    lines = pydoc.render_doc(cls, renderer=pydoc.plaintext).splitlines()
+    first = next(i for i, line in enumerate(lines) if re.search(r"\bamp_enabled : ", line))
+    assert first < 40, first
+    skorch_param = next(i for i, line in enumerate(lines) if re.search(r"\bmodule : torch module", line))
+    assert first < skorch_param  # ampnet's parameters, then skorch's
+    doc = cls.__doc__
+    for marker in ("Parameters\n    ----------", "Attributes\n    ----------"):
+        assert doc.count(marker) == 1, marker  # one numpydoc section each (a second is an error)
+
+
+def test_the_api_page_has_skorchs_text_once():
+    """The API page rendered the docstring of skorch's net four times, once per ampnet net."""
+    texts = autodoc_texts()
+    skorch_sentence = "In addition to the parameters listed"  # the start of skorch's introduction
+    assert sum(t.count(skorch_sentence) for t in texts) == 1
+    assert sum(t.count("torch_load_kwargs : ") for t in texts) == 1  # skorch's last parameter
+    assert sum(t.count("amp_enabled : ") for t in texts) == 1
+    # the other three nets are still listed, by name
+    assert {"ampnet.AmpNet", "ampnet.AmpNetRegressor", "ampnet.AmpNetBinaryClassifier"} <= documented_names()
 
 
 def test_every_public_name_is_in_the_api_reference():
@@ -280,3 +322,18 @@ def test_extras_for_tests_and_docs():
     for heavy in ("tensorboard", "nbconvert", "ampnet[onnx,dask]"):
         assert heavy in extras["dev"] and heavy not in extras["test"]
     assert {"sphinx>=7", "myst-nb>=1.1", "numpydoc>=1.6", "furo"} <= set(extras["docs"])
+
+
+@pytest.mark.parametrize("page", ["README", "index"])
+def test_the_comparison_table_is_text(page):
+    """Without an emoji font, check marks and crosses render as empty boxes: the table says yes/no/partly."""
+    import unicodedata
+
+    text = (ROOT / "README.md").read_text(encoding="utf-8") if page == "README" else read("index")
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "Keras" not in line]
+    table = [r for r in rows if "hysteresis" in r or "LBFGS" in r or "set_params" in r]
+    assert len(table) >= 3, "the comparison table was not found"
+    symbols = sorted({ch for r in rows for ch in r if unicodedata.category(ch) == "So"})
+    assert not symbols, symbols
+    cells = [c.strip() for r in table for c in r.split("|")[2:-1]]
+    assert all(c.split(" ")[0] in ("yes", "no", "partly", "n/a") for c in cells), cells

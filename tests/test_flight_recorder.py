@@ -353,13 +353,27 @@ def test_plot_precision_axes():
     assert isinstance(fig, Figure)
     assert fig._repr_png_().startswith(b"\x89PNG")  # a notebook shows it as a cell's value
     titles = [ax.get_title() for ax in fig.axes]
-    assert [t.split(" ")[0] for t in titles] == ["Loss", "Loss", "Skipped", "Gradient", "Updates"]
+    # bfloat16 has no loss scale: no flat panel at 1.0
+    assert [t.split(" ")[0] for t in titles] == ["Loss", "Skipped", "Gradient", "Updates"]
     for ax in fig.axes:
         assert ax.get_title() and ax.get_xlabel() and ax.get_ylabel()
-    scale_ax = fig.axes[1]
-    assert scale_ax.get_yscale() == "log"
-    labels = fig.axes[2].get_legend_handles_labels()[1]
+    labels = fig.axes[1].get_legend_handles_labels()[1]
     assert labels == ["overflow"]
+
+
+@fp16_quiet
+def test_plot_precision_draws_the_loss_scale_of_float16_only():
+    pytest.importorskip("matplotlib")
+    X, y = data(64, marked=(1,))
+    fp16 = make_net(amp_dtype="float16", module__mode="backward", max_epochs=2).fit(X, y)
+    titles = [ax.get_title() for ax in ampnet.plot_precision(fp16).axes]
+    assert titles[1] == "Loss scale after each step"
+    assert ampnet.plot_precision(fp16).axes[1].get_yscale() == "log"
+    for kw in (dict(amp_dtype="bfloat16"), dict(amp_enabled=False, amp_dtype="auto")):
+        net = make_net(max_epochs=2, **kw).fit(X, y)
+        assert all(b.get("loss_scale", 1.0) == 1.0 for b in net.history[-1, "batches"])  # flat, if recorded
+        titles = [ax.get_title() for ax in ampnet.plot_precision(net).axes]
+        assert not any(t.startswith("Loss scale") for t in titles), (kw, titles)
 
 
 def test_plot_without_monitor_and_errors():
@@ -444,3 +458,114 @@ def test_the_readme_example_record():
         "skip_cause": "overflow", "first_nonfinite": "softmax", "step_skipped": True, "loss_scale": 16384.0}
     assert [i for i, _ in skipped_rows(net)] == [3]
     assert all(0 < v < 10 for v in net.history[:, "grad_norm"])
+
+
+# ---- the replay keeps numpy's and Python's global streams (issue 26, item 4) --------------------
+
+
+class GlobalNoise(Net3):
+    """Net3 that adds noise drawn from numpy's or Python's global generator in
+    its training forward pass (as augmentation code written with
+    ``np.random`` or ``random`` does)."""
+
+    def __init__(self, mode=None, source="numpy"):
+        super().__init__(mode)
+        self.source = source
+
+    def forward(self, X):
+        if self.training:
+            if self.source == "numpy":
+                noise = torch.from_numpy(np.random.standard_normal(X.shape).astype(np.float32))
+            else:
+                import random
+
+                noise = torch.full(X.shape, random.random() - 0.5)
+            X = torch.cat([X[:, :20] + 0.1 * noise[:, :20], X[:, 20:]], dim=1)
+        return super().forward(X)
+
+
+@fp16_quiet
+@pytest.mark.parametrize("source", ["numpy", "random"])
+def test_replay_keeps_numpy_and_python_random_streams(source):
+    """A module drawing noise from np.random (or random) in forward trains
+    bitwise the same with and without AmpMonitor: the replay of the skipped
+    step draws too, and must put the global streams back."""
+    import random
+
+    X, y = data(64, marked=(1,))
+    weights, states = {}, {}
+    for monitor in (False, True):
+        np.random.seed(0)
+        random.seed(0)
+        net = make_net(monitor=monitor, module=GlobalNoise, module__mode="backward", module__source=source,
+                       amp_dtype="float16", max_epochs=3, grad_scaler__init_scale=2.0 ** 8)
+        net.fit(X, y)
+        assert [[i for i, _ in skipped_rows(net, e)] for e in range(3)] == [[1]] * 3  # one skip per epoch
+        if monitor:
+            assert [net.history[e, "batches", 1]["first_nonfinite"] for e in range(3)] == ["boom"] * 3
+        weights[monitor] = [p.detach().clone() for p in net.module_.parameters()]
+        states[monitor] = (np.random.get_state()[1].copy(), random.getstate())
+    for a, b in zip(weights[False], weights[True]):
+        assert torch.equal(a, b)
+    assert np.array_equal(states[False][0], states[True][0])
+    assert states[False][1] == states[True][1]
+
+
+# ---- the loss scale's settling spends no replays (issue 26, item 10) ----------------------------
+
+
+class Regress(torch.nn.Module):
+    """One linear layer and a Boom on marked batches (marker in column 20)."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = torch.nn.Linear(20, 1)
+        self.boom = Boom("backward")
+
+    def forward(self, X):
+        marked = bool(X[:, 20].any()) and self.training
+        return self.boom(self.inp(X[:, :20]), marked)
+
+
+def settling_data(marked, n=16 * 12, batch_size=16):
+    """Targets near 4: with float16 and the initial scale 2**16, the first four
+    steps overflow while the scale falls to 4096 (rows 0-3), then steps apply."""
+    X, _ = data(n, marked=marked, batch_size=batch_size)
+    return X, (4 + X[:, :1]).astype(np.float32)
+
+
+def settling_net(max_replays, scaler):
+    torch.manual_seed(0)
+    return ampnet.AmpNetRegressor(
+        Regress, amp_enabled=True, amp_dtype="float16", batch_size=16, max_epochs=1, lr=1e-4,
+        train_split=None, iterator_train__shuffle=False, verbose=0, grad_scaler=scaler("cpu"),
+        callbacks=[AmpMonitor(sink=lambda line: None, max_replays=max_replays)])
+
+
+@fp16_quiet
+@pytest.mark.parametrize("scaler", [ampnet.GradScaler, torch.amp.GradScaler])
+def test_the_scale_settling_spends_no_replays(scaler):
+    X, y = settling_data(marked=(2, 6, 9))
+    net = settling_net(1, scaler)
+    net.fit(X, y)
+    rows = net.history[-1, "batches"]
+    settling = [i for i, _ in skipped_rows(net)][:4]
+    assert settling == [0, 1, 2, 3]  # the scale falls from 2**16 before the first applied step
+    assert [rows[i]["loss_scale"] for i in settling] == [2.0 ** 15, 2.0 ** 14, 2.0 ** 13, 2.0 ** 12]
+    assert not rows[4]["step_skipped"]
+    assert all("first_nonfinite" in rows[i] for i in settling)  # replayed, without spending the budget
+    assert rows[2]["first_nonfinite"] == "boom"  # the data's overflow among them is named
+    # the one replay of the epoch goes to the first overflow after the scale settled
+    assert rows[6]["skip_cause"] == "overflow" and rows[6]["first_nonfinite"] == "boom"
+    assert rows[9]["step_skipped"] and "first_nonfinite" not in rows[9]  # beyond max_replays=1
+
+    # partial_fit carries the settled scale on: its first skip is the data's and spends the replay
+    net.partial_fit(X, y)
+    rows = net.history[-1, "batches"]
+    assert [i for i, _ in skipped_rows(net)] == [2, 6, 9]
+    assert rows[2]["first_nonfinite"] == "boom" and "first_nonfinite" not in rows[6]
+
+    # max_replays=0 replays nothing, the settling included
+    off = settling_net(0, scaler)
+    off.fit(X, y)
+    assert not any("first_nonfinite" in b for b in off.history[-1, "batches"])

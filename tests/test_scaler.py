@@ -88,7 +88,7 @@ def test_cuda_scaler_without_cuda_is_an_error():
 def test_scaler_device_defaults_to_what_the_machine_has():
     expected = "cuda" if torch.cuda.is_available() else "cpu"
     scaler = GradScaler(init_scale=256.0)
-    assert scaler._device == expected and scaler.is_enabled()
+    assert scaler.device == expected and scaler.is_enabled()
     assert repr(scaler) == f"GradScaler(device='{expected}', init_scale=256.0)"
 
 
@@ -317,7 +317,7 @@ def test_scaler_instance_is_kept_quietly_where_no_loss_scaling_runs(amp):
     assert not net.grad_scaler_.is_enabled() and net.grad_scaler_ is not scaler
     assert net.grad_scaler_.get_settings()["init_scale"] == 256.0  # the instance's settings, disabled
     assert net.grad_scaler_.get_settings()["growth_interval"] == 3
-    assert net.get_params()["grad_scaler"] is scaler and scaler.is_enabled() and scaler._scale is None
+    assert net.get_params()["grad_scaler"] is scaler and scaler.is_enabled() and scaler.scale_tensor() is None
     # the same net switched to float16 scales with the instance's settings
     net.set_params(amp_enabled=True, amp_dtype="float16")
     assert net.grad_scaler_.is_enabled() and net.grad_scaler_.get_scale() == 256.0
@@ -365,7 +365,7 @@ def test_torch_scaler_made_for_cuda_on_a_cpu_float16_net():
     net = _net(grad_scaler=scaler, amp_enabled=True, amp_dtype="float16")
     if torch.cuda.is_available():  # an enabled instance follows the net's device
         net.fit(*_net_data())
-        assert net.grad_scaler_.is_enabled() and net.grad_scaler_._device == "cpu"
+        assert net.grad_scaler_.is_enabled() and type(net.grad_scaler_) is torch.amp.GradScaler
         assert net.history[0, "batches", 0, "loss_scale"] == 256.0
         return
     with pytest.raises(ValueError, match=(
@@ -407,3 +407,146 @@ def test_torch_cuda_amp_gradscaler_class_on_a_cuda_net():
         net = _net(grad_scaler=torch.cuda.amp.GradScaler, grad_scaler__init_scale=256.0, device="cuda",
                    amp_enabled=True, amp_dtype="float16").fit(*_net_data())
     assert net.grad_scaler_.is_enabled() and net.history[0, "batches", 0, "loss_scale"] == 256.0
+
+
+# ---- its own state (issue 25: no edits of torch's private state) ------------------
+
+
+def _torch_fields(scaler):
+    """torch's private fields of ``scaler``, as torch's constructor sets them."""
+    return {k: v for k, v in vars(scaler).items() if k in vars(torch.amp.GradScaler("cpu"))}
+
+
+def test_torchs_private_state_stays_as_its_constructor_left_it():
+    scaler = cpu_scaler(init_scale=64.0, growth_interval=1, hysteresis=2)
+    before = {k: copy.copy(v) for k, v in _torch_fields(scaler).items()}
+    param = opt = None
+    for overflow in (False, True, True, False):
+        _, param, opt = make_step(scaler, overflow, param, opt)
+    scaler.set_settings(growth_factor=4.0)
+    scaler.load_state_dict(scaler.state_dict())
+    clone = pickle.loads(pickle.dumps(scaler))
+    # 64 -> 128 (growth), 128 (first overflow), 64 (second: backoff), 128 (growth)
+    assert scaler.get_scale() == 128.0 and scaler.get_growth_factor() == 4.0
+    for s in (scaler, clone):
+        after = _torch_fields(s)
+        assert after.keys() == before.keys()
+        assert after["_scale"] is None and after["_growth_tracker"] is None and not after["_per_optimizer_states"]
+        assert (after["_init_scale"], after["_growth_factor"]) == (64.0, 2.0)  # never written
+
+
+def test_own_attributes_do_not_collide_with_torchs():
+    torch_names = set(vars(torch.amp.GradScaler("cpu"))) | set(vars(torch.amp.GradScaler))
+    scaler = cpu_scaler()
+    make_step(scaler, False)
+    own = set(vars(scaler)) - set(vars(torch.amp.GradScaler("cpu")))
+    assert own and not own & torch_names
+    assert not {n for n in vars(GradScaler) if not n.startswith("__")} & (
+        {n for n in vars(torch.amp.GradScaler) if n.startswith("_")})
+
+
+def _fused_pair():
+    p1, p2 = torch.nn.Parameter(torch.ones(4)), torch.nn.Parameter(torch.ones(4))
+    return (p1, torch.optim.Adam([p1], lr=0.1, fused=True)), (p2, torch.optim.Adam([p2], lr=0.1, fused=True))
+
+
+@pytest.mark.parametrize("unscale_first", [False, True])
+def test_fused_optimizer_step_matches_torchs_scaler(unscale_first):
+    (p1, o1), (p2, o2) = _fused_pair()
+    ours, theirs = cpu_scaler(init_scale=1024.0, growth_interval=2), torch.amp.GradScaler("cpu", init_scale=1024.0,
+                                                                                             growth_interval=2)
+    for overflow in (False, True, False, False, False):
+        for scaler, p, o in ((ours, p1, o1), (theirs, p2, o2)):
+            o.zero_grad()
+            scaler.scale((p * torch.arange(4.0)).sum() * (float("inf") if overflow else 1.0)).backward()
+            if unscale_first:
+                scaler.unscale_(o)
+            scaler.step(o)
+            scaler.update()
+            assert not hasattr(o, "found_inf") and not hasattr(o, "grad_scale")
+        assert ours.get_scale() == theirs.get_scale()
+        assert torch.equal(p1, p2)
+        torch.testing.assert_close(p1.grad, p2.grad, rtol=0, atol=0, equal_nan=True)
+    assert not torch.equal(p1.detach(), torch.ones(4))
+
+
+def test_scale_of_several_outputs_and_sparse_unscale_match_torch():
+    ours, theirs = cpu_scaler(init_scale=8.0), torch.amp.GradScaler("cpu", init_scale=8.0)
+    outputs = [torch.ones(2), (torch.full((3,), 2.0), torch.zeros(1))]
+    assert repr(ours.scale(outputs)) == repr(theirs.scale(outputs))
+    grads = []
+    for scaler in (ours, theirs):
+        torch.manual_seed(0)
+        emb = torch.nn.Embedding(5, 3, sparse=True)
+        opt = torch.optim.SGD(emb.parameters(), lr=0.1)
+        scaler.scale(emb(torch.tensor([1, 1, 3])).sum()).backward()
+        scaler.unscale_(opt)
+        grads.append(emb.weight.grad.to_dense())
+    assert torch.equal(grads[0], grads[1]) and grads[0].abs().sum() > 0
+
+
+def test_step_order_errors_as_torch():
+    scaler = cpu_scaler()
+    param = torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.SGD([param], lr=0.1)
+    param.grad = torch.ones(3)
+    with pytest.raises(RuntimeError, match=r"unscale_\(\) before any scale\(\)"):
+        scaler.unscale_(opt)
+    scaler.scale((param * 2).sum()).backward()
+    scaler.unscale_(opt)
+    with pytest.raises(RuntimeError, match="already been called on this optimizer"):
+        scaler.unscale_(opt)
+    scaler.step(opt)
+    with pytest.raises(RuntimeError, match="already been called since the last update"):
+        scaler.step(opt)
+    with pytest.raises(RuntimeError, match=r"after step\(\)"):
+        scaler.unscale_(opt)
+    scaler.update()
+    fp16 = torch.nn.Parameter(torch.ones(3, dtype=torch.float16))
+    fp16.grad = torch.ones(3, dtype=torch.float16)
+    with pytest.raises(ValueError, match="Attempting to unscale FP16 gradients"):
+        scaler.unscale_(torch.optim.SGD([fp16], lr=0.1))
+
+
+def test_discard_step_forgets_the_step_and_keeps_the_scale():
+    scaler = cpu_scaler(init_scale=32.0, growth_interval=1)
+    param = torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.SGD([param], lr=0.1)
+    scaler.scale((param * 2).sum()).backward()
+    scaler.unscale_(opt)
+    scaler.plan_update()
+    assert scaler.step_pending and scaler.scaled_in_step
+    scaler.discard_step()
+    assert not scaler.step_pending and not scaler.scaled_in_step and scaler.get_scale() == 32.0
+    with pytest.raises(RuntimeError, match="no inf checks were recorded"):
+        scaler.update()
+    make_step(scaler, False, param, opt)  # unscale_ is allowed again
+    assert scaler.get_scale() == 64.0
+
+
+def test_torch_style_setters_are_validated_and_live():
+    scaler = cpu_scaler(init_scale=8.0, growth_interval=100)
+    scaler.set_growth_interval(1)
+    scaler.set_growth_factor(4.0)
+    scaler.set_backoff_factor(0.25)
+    assert (scaler.get_growth_interval(), scaler.get_growth_factor(), scaler.get_backoff_factor()) == (1, 4.0, 0.25)
+    make_step(scaler, False)
+    assert scaler.get_scale() == 32.0
+    make_step(scaler, True)
+    assert scaler.get_scale() == 8.0
+    with pytest.raises(ValueError, match="growth_factor=0.5"):
+        scaler.set_growth_factor(0.5)
+
+
+def test_update_with_a_new_scale_tensor_keeps_the_tracker():
+    scaler = cpu_scaler(init_scale=8.0, growth_interval=2)
+    make_step(scaler, False)
+    param = torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.SGD([param], lr=0.1)
+    scaler.scale((param * 2).sum()).backward()
+    scaler.unscale_(opt)
+    scaler.update(new_scale=torch.tensor(4.0))
+    assert scaler.get_scale() == 4.0 and scaler.state_dict()["_growth_tracker"] == 1
+    assert not scaler.step_pending
+    with pytest.raises(ValueError, match="1-element tensor"):
+        scaler.update(new_scale=torch.ones(2))

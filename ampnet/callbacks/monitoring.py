@@ -44,7 +44,10 @@ class AmpMonitor(Callback):
       replaying the batch on a copy of the module (see
       ``ampnet.diagnosis``); None if the replay stayed finite. Not
       recorded for bad data (``skip_cause='nonfinite_input'``) nor beyond
-      ``max_replays`` skipped steps per epoch.
+      ``max_replays`` skipped steps per epoch. The skips of the loss
+      scale's settling (``'overflow'`` skips while a fresh scaler's scale
+      falls from ``init_scale``, before the fit's first applied step) are
+      replayed without counting against ``max_replays``.
 
     :class:`skorch.callbacks.PrintLog` and :class:`skorch.callbacks.TensorBoard`
     show the epoch columns. If the net has a ``TensorBoard`` callback, its
@@ -67,8 +70,11 @@ class AmpMonitor(Callback):
 
     max_replays : int (default=3)
       At most this many skipped steps per epoch are replayed to find
-      ``first_nonfinite``; each replay costs about one training step and
-      memory for a copy of the module while it runs. 0 turns the replay off.
+      ``first_nonfinite``, besides those of the loss scale's settling at
+      the start of a fit (at most about log2(init_scale / min_scale)
+      times the scaler's ``hysteresis``); each replay costs about one
+      training step and memory for a copy of the module while it runs. 0
+      turns the replay off, the settling's included.
 
     Attributes
     ----------

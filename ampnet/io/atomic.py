@@ -42,6 +42,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from ampnet.io.kinds import JOURNAL_MAX_BYTES
 from ampnet.io.lock import DirectoryLock, DirectoryLockedError, directory_locks
+from ampnet.io.numbers import check_values
 from ampnet.io.reading import read_untrusted
 from ampnet.validation import MAX_DEPTH, describe, nesting_depth
 
@@ -80,7 +81,8 @@ def read_json(target: Any, source: str, what: str, max_bytes: int) -> Any:
     ------
     ValueError
       ``"{source} is not {what} (...)"`` for content that is not UTF-8 JSON
-      or is nested too deeply; see :func:`~ampnet.io.reading.open_untrusted`
+      or is nested too deeply, or that holds an int beyond float range
+      (:func:`ampnet.io.numbers.check_values`); see :func:`~ampnet.io.reading.open_untrusted`
       for links, special files and sizes.
     """
     if is_path(target):
@@ -101,7 +103,7 @@ def read_json(target: Any, source: str, what: str, max_bytes: int) -> Any:
             f"{source} is not {what}: its lists and dicts are nested more than "
             f"{MAX_DEPTH} levels deep, which ampnet never writes."
         )
-    return data
+    return check_values(data, source)
 
 
 #: What to do about a write error, by errno.

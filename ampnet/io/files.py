@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 import pickle
 from collections.abc import Mapping
@@ -15,7 +14,8 @@ from skorch.history import History
 
 from ampnet.io.atomic import is_path, read_json, recover
 from ampnet.io.kinds import max_bytes
-from ampnet.io.reading import check_torch_zip, open_untrusted, read_error, read_untrusted
+from ampnet.io.numbers import check_values, finite_number
+from ampnet.io.reading import check_torch_file, open_untrusted, read_error, read_untrusted
 from ampnet.validation import (
     all_finite,
     describe,
@@ -65,23 +65,96 @@ def from_tensors(state: Mapping[str, Any]) -> dict[str, Any]:
 def read_state(target: Any, source: str, safetensors: bool, map_location: Any,
                 load_kwargs: dict[str, Any], limit: int) -> Any:
     """Read a torch or safetensors file: a path as
-    :func:`ampnet.io.reading.open_untrusted` opens it (at most ``limit`` bytes,
-    a torch file in zip format with uncompressed records), or an open file.
+    :func:`ampnet.io.reading.open_untrusted` opens it (at most ``limit`` bytes;
+    a torch file in zip format with uncompressed records, or in the legacy
+    format with every declared storage within the file), or an open file.
+    What it holds is checked by :func:`ampnet.io.numbers.check_values`: no
+    int beyond float range, no tensor without values (meta, sparse,
+    quantized).
+
+    Parameters
+    ----------
+    target : str, os.PathLike or binary file object
+      The file.
+
+    source : str
+      How messages name it (:func:`describe_target`).
+
+    safetensors : bool
+      Whether it is a safetensors file.
+
+    map_location : torch.device, str or None
+      As ``torch.load`` takes it.
+
+    load_kwargs : dict
+      Other arguments of ``torch.load`` (``{"weights_only": True}``).
+
+    limit : int
+      The largest size read (:func:`ampnet.io.kinds.max_bytes`).
 
     Raises
     ------
     ValueError
       Naming ``source``: a file that cannot be read as this kind, or that
-      :mod:`ampnet.io.reading` refuses.
+      :mod:`ampnet.io.reading` or :mod:`ampnet.io.numbers` refuses.
+
+    OSError
+      A file that cannot be opened, naming ``source``.
     """
     if is_path(target):
         if safetensors:
-            return _read_state(read_untrusted(target, source, limit), source, True,
-                               map_location, load_kwargs)
-        with open_untrusted(target, source, limit) as f:
-            check_torch_zip(f, source)
-            return _read_state(f, source, False, map_location, load_kwargs)
-    return _read_state(target, source, safetensors, map_location, load_kwargs)
+            state = _read_state(read_untrusted(target, source, limit), source, True,
+                                map_location, load_kwargs)
+        else:
+            with open_untrusted(target, source, limit) as f:
+                state = _read_state(check_torch_file(f, source), source, False, map_location,
+                                    load_kwargs)
+    else:
+        state = _read_state(target, source, safetensors, map_location, load_kwargs)
+    return check_values(state, source)
+
+
+def read_params_file(path: Any, source: str | None = None, map_location: Any = "cpu") -> Any:
+    """Read a parameters file (``params.pt``) with the checks and limits of
+    ``load_params``: a regular file in its folder, at most
+    :data:`ampnet.io.kinds.TENSOR_FILE_MAX_BYTES`, torch's zip or legacy
+    format within the file's size, ``weights_only=True`` (no code runs), and
+    values that can be read as numbers (:func:`read_state`).
+
+    Only what the file holds is read; it is not checked against a module
+    (:func:`check_module_state` does that).
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+      The file.
+
+    source : str, optional
+      How messages name it; default ``"f_params file '<path>'"``.
+
+    map_location : torch.device, str or None, default "cpu"
+      Where tensors are put, as ``torch.load`` takes it.
+
+    Returns
+    -------
+    The object the file holds (a module ``state_dict``, with its
+    ``_metadata``).
+
+    Raises
+    ------
+    ValueError
+      Naming the file: a special file (FIFO, device), a link out of its
+      folder, a file too large, compressed or declaring more than it holds,
+      one that is not a torch file, or one holding objects other than
+      tensors and plain values.
+
+    OSError
+      A file that cannot be opened (``FileNotFoundError`` when missing).
+    """
+    if source is None:
+        source = describe_target("f_params", path)
+    return read_state(path, source, False, map_location, {"weights_only": True},
+                      max_bytes("f_params"))
 
 
 def _read_state(target: Any, source: str, safetensors: bool, map_location: Any,
@@ -129,10 +202,10 @@ def _history_value_problem(key: str, value: Any) -> str | None:
         if not isinstance(value, bool):
             return f"{key!r} must be true or false, got {describe(value)}"
     elif key == "dur":
-        if not (is_number(value) and math.isfinite(value) and value >= 0):
+        if not (finite_number(value) and value >= 0):
             return f"{key!r} must be a finite number >= 0 (seconds), got {describe(value)}"
     elif key == "loss_scale":
-        if not (is_number(value) and math.isfinite(value) and value > 0):
+        if not (finite_number(value) and value > 0):
             return f"{key!r} must be a finite number > 0, got {describe(value)}"
     return None
 

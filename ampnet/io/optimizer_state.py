@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import copy
 import inspect
-import math
 import warnings
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
+from ampnet.io.numbers import finite_number
 from ampnet.validation import (
     MAX_DEPTH,
     all_finite,
@@ -33,7 +33,7 @@ def _plain_problem(value: Any, path: str, depth: int = 0) -> str | None:
     if value is None or is_bool(value) or isinstance(value, str):
         return None
     if is_number(value):
-        return None if math.isfinite(value) else f"{path} = {value!r} is not finite"
+        return None if finite_number(value) else f"{path} = {describe(value)} is not a finite number"
     if isinstance(value, (list, tuple)) and depth < MAX_DEPTH:
         for i, item in enumerate(value):
             problem = _plain_problem(item, f"{path}[{i}]", depth + 1)
@@ -57,7 +57,7 @@ def _state_value_problem(value: Any, param: torch.Tensor, group_numel: int, path
     if value is None or is_bool(value) or isinstance(value, str):
         return None
     if is_number(value):
-        return None if math.isfinite(value) else f"{path} = {value!r} is not finite"
+        return None if finite_number(value) else f"{path} = {describe(value)} is not a finite number"
     if isinstance(value, torch.Tensor):
         problem = tensor_problem(value)
         if problem:
@@ -258,7 +258,7 @@ def _check_groups(optimizer: torch.optim.Optimizer, groups: list, problems: list
             elif key == "param_names":
                 ok = isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)
                 problem = None if ok else f"{path} must be a list of str, got {describe(value)}"
-            elif value is None or is_bool(value) or (is_number(value) and math.isfinite(value)):
+            elif value is None or is_bool(value) or finite_number(value):
                 problem = None
             else:
                 problem = f"{path} = {describe(value)} must be a finite number, True, False or None"

@@ -14,9 +14,12 @@ as untrusted:
 - **A size limit per kind of file** (:mod:`ampnet.io.kinds`): larger files
   are refused before they are read, and no more than the limit is read.
 - **torch files** must be in torch's zip format with every record stored
-  uncompressed, as ``torch.save`` writes them, so that reading one never
-  allocates more than the file's size (a compressed record could expand
-  without bound).
+  uncompressed, as ``torch.save`` writes them, or in torch's legacy format
+  with every storage it declares held in the file
+  (:mod:`ampnet.io.legacy`), so that reading one never allocates more than
+  the file's size (a compressed record could expand without bound, a
+  legacy storage declare any size). :func:`check_torch_file` tells the two
+  apart by their first bytes, as ``torch.load`` does.
 
 Every refusal is a ValueError that names the file; a file that cannot be
 opened raises an OSError that names it.
@@ -30,7 +33,12 @@ import stat
 import zipfile
 from typing import Any, BinaryIO
 
-__all__ = ["open_untrusted", "read_untrusted", "check_torch_zip", "read_error"]
+from ampnet.io.legacy import check_torch_legacy, is_torch_legacy
+
+__all__ = ["open_untrusted", "read_untrusted", "check_torch_file", "check_torch_zip", "read_error"]
+
+#: How torch tells a zip file (``torch.serialization._is_zipfile``).
+_ZIP_MAGIC = b"PK\x03\x04"
 
 _KINDS_OF_FILE = (
     (stat.S_ISFIFO, "a FIFO (named pipe)"),
@@ -192,9 +200,8 @@ def check_torch_zip(f: BinaryIO, source: str) -> None:
         raise ValueError(
             f"{source} cannot be read as a torch file: it is not in torch's zip format "
             f"({type(exc).__name__}: {exc}). ampnet reads only the zip format that "
-            "torch.save writes (the legacy format of torch < 1.6 allocates whatever sizes "
-            "the file declares). Nothing was loaded. Fix: pass the file that save_params "
-            "wrote, with the same use_safetensors setting."
+            "torch.save writes, and torch's legacy format (torch < 1.6). Nothing was loaded. "
+            "Fix: pass the file that save_params wrote, with the same use_safetensors setting."
         ) from exc
     finally:
         f.seek(0)
@@ -206,3 +213,37 @@ def check_torch_zip(f: BinaryIO, source: str) -> None:
             "expand without bound while it is read. Nothing was loaded. Fix: pass the file "
             "that save_params wrote."
         )
+
+
+def check_torch_file(f: BinaryIO, source: str) -> BinaryIO:
+    """Check a torch file in the format that ``torch.load`` will read it in
+    (zip when it begins as a zip file does, else legacy): the zip format as
+    :func:`check_torch_zip` checks it, the legacy format as
+    :func:`ampnet.io.legacy.check_torch_legacy` does.
+
+    Returns
+    -------
+    file object
+      What to pass to ``torch.load``: ``f`` itself (zip), or ``f`` behind a
+      reader that never reads past its end (legacy); at its start.
+
+    Raises
+    ------
+    ValueError
+      Naming ``source``: neither format, or a file that the checks refuse.
+    """
+    f.seek(0)
+    head = f.read(len(_ZIP_MAGIC))
+    f.seek(0)
+    if head != _ZIP_MAGIC and is_torch_legacy(f):
+        size = f.seek(0, io.SEEK_END)
+        f.seek(0)
+        return check_torch_legacy(f, size, source)
+    check_torch_zip(f, source)
+    if head != _ZIP_MAGIC:  # a zip archive that torch would read as a legacy file
+        raise ValueError(
+            f"{source} cannot be read as a torch file: it does not begin as torch's zip "
+            "format does (torch would read it as a legacy file, which it is not). Nothing "
+            "was loaded. Fix: pass the file that save_params wrote."
+        )
+    return f

@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 import torch
 
+from ampnet.io.numbers import as_float, finite_number
 from ampnet.validation import describe, is_bool, is_int, is_number
 
 __all__ = ["is_stock", "decode_state", "field_problems", "trial_problem", "RULES", "TRIAL_STEPS"]
@@ -49,7 +50,7 @@ def _int(low: int, high: int = COUNT_MAX) -> tuple[Rule, str]:
 
 def _number(low: float, high: float, low_open: bool = False, high_open: bool = False) -> tuple[Rule, str]:
     def rule(v: Any) -> bool:
-        if not (is_number(v) and math.isfinite(v)):
+        if not finite_number(v):
             return False
         return (v > low if low_open else v >= low) and (v < high if high_open else v <= high)
 
@@ -60,7 +61,7 @@ def _number(low: float, high: float, low_open: bool = False, high_open: bool = F
 
 def _lrs() -> tuple[Rule, str]:
     return (lambda v: isinstance(v, (list, tuple)) and all(
-        is_number(x) and math.isfinite(x) and x >= 0 for x in v),
+        finite_number(x) and x >= 0 for x in v),
         "must be a list of finite numbers >= 0")
 
 
@@ -69,7 +70,8 @@ def _choice(*choices: str) -> tuple[Rule, str]:
 
 
 def _not_nan() -> tuple[Rule, str]:
-    return (lambda v: is_number(v) and not math.isnan(v), "must be a number (not NaN)")
+    return (lambda v: as_float(v) is not None and not math.isnan(as_float(v)),
+            "must be a number (not NaN)")
 
 
 _GAMMA = _number(0, FACTOR_MAX, low_open=True)
@@ -140,7 +142,7 @@ def decode_state(policy: str, state: dict[str, Any]) -> dict[str, Any]:
 def _nonfinite(value: Any, path: str, depth: int = 0) -> str | None:
     """The first number in ``value`` (nested) that is NaN or infinite."""
     if is_number(value) and not is_bool(value):
-        return None if math.isfinite(value) else path
+        return None if finite_number(value) else path
     if depth > 8:
         return None
     if isinstance(value, dict):
@@ -189,7 +191,7 @@ def _phase_problems(phases: Any, where: str) -> list[str]:
         return [f"{where} must be a list of dicts"]
     for i, phase in enumerate(phases):
         end = phase.get("end_step")
-        if not (is_number(end) and math.isfinite(end) and -1 <= end <= COUNT_MAX):
+        if not (finite_number(end) and -1 <= end <= COUNT_MAX):
             return [f"{where}[{i}]['end_step'] = {describe(end)} must be a finite number in [-1, 2**53]"]
         for key, value in phase.items():
             if key != "end_step" and value not in _PHASE_VALUES:

@@ -6,7 +6,7 @@ from typing import Iterable
 
 import torch
 
-__all__ = ["nonfinite_grads", "grads_are_finite", "grads_by_device_dtype"]
+__all__ = ["nonfinite_grads", "grads_are_finite", "grads_by_device_dtype", "unscale_flag"]
 
 #: Up to this many gradient values per device and dtype, one fused kernel
 #: checks them (fewest dispatches); above, one sum per tensor (read-only,
@@ -71,3 +71,34 @@ def nonfinite_grads(params: Iterable[torch.Tensor], device: torch.device | None 
 def grads_are_finite(params: Iterable[torch.Tensor]) -> bool:
     """Whether every gradient of ``params`` is finite (reads the device once)."""
     return not bool(nonfinite_grads(params).item())
+
+
+def unscale_flag(params: Iterable[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """The flag that torch's ``GradScaler.unscale_`` records for these
+    gradients, computed beforehand: a float32 scalar tensor on ``device``,
+    > 0 when a gradient of ``params`` holds NaN or inf; no host read.
+
+    It runs the same fused check as torch's unscale, with a scale of one
+    (the values are written back unchanged): per device and dtype, over the
+    values of sparse gradients (float16 ones coalesced, into a copy, as
+    torch coalesces them before its check). A net that uses torch's own
+    scaler reads its overflow flags this way, through no private state of
+    the scaler.
+    """
+    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+    for p in params:
+        g = p.grad
+        if g is None:
+            continue
+        if g.is_sparse:
+            g = (g.coalesce() if g.dtype is torch.float16 else g)._values()
+        groups.setdefault((g.device, g.dtype), []).append(g)
+    flags = []
+    with torch.no_grad():
+        for (dev, _), grads in groups.items():
+            found = torch.zeros((), dtype=torch.float32, device=dev)
+            torch._amp_foreach_non_finite_check_and_unscale_(grads, found, torch.ones((), dtype=torch.float32, device=dev))
+            flags.append(found.to(device, non_blocking=True))
+    if not flags:
+        return torch.zeros((), dtype=torch.float32, device=device)
+    return torch.stack(flags).sum() if len(flags) > 1 else flags[0]

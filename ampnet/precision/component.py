@@ -29,7 +29,7 @@ from ampnet.precision import compensated as comp
 from ampnet.exceptions import amp_warn
 from ampnet.precision.legacy import remove_legacy_hooks
 from ampnet.precision.memory import MemoryReport, measure_memory
-from ampnet.precision.checks import nonfinite_grads
+from ampnet.precision.checks import nonfinite_grads, unscale_flag
 from ampnet.precision.inputs import match_module_dtype
 from ampnet.precision.masters import (
     find_state_hook,
@@ -57,7 +57,7 @@ class StepDecision(NamedTuple):
 
     skipped: tuple[bool, ...]
     scale: float | None  # None: not read (torch's own scaler)
-    scale_before: float
+    scale_before: float | None  # None: not read (torch's own scaler, no step skipped)
 
 
 #: Output dtypes that convert_output casts to float32 under AMP.
@@ -410,15 +410,24 @@ class Precision:
         on the device. Returns one flag tensor per optimizer, or None when
         nothing is checked (no loss scaling and ``amp_skip_nonfinite=False``)."""
         self._found = {}
-        if self.scaler.is_enabled():
+        scaler = self.scaler
+        if scaler.is_enabled():
             flags = []
-            for optimizer, _ in optimizers:
-                if self.settings.compensated:  # float16 weights and gradients
-                    self.scaler.unscale_(optimizer, allow_fp16=True)
+            ours = isinstance(scaler, GradScaler)
+            device = next((p.grad.device for _, params in optimizers for p in params), None)
+            for optimizer, params in optimizers:
+                if ours:
+                    if self.settings.compensated:  # float16 weights and gradients
+                        scaler.unscale_(optimizer, allow_fp16=True)
+                    else:
+                        scaler.unscale_(optimizer)
+                    flag = scaler.found_inf_tensor(optimizer)
                 else:
-                    self.scaler.unscale_(optimizer)
-                flag = found_inf_tensor(self.scaler, optimizer)
-                self._found[id(optimizer)] = flag
+                    # torch's own scaler keeps its flag private: the same check, just before
+                    flag = unscale_flag(params, device)
+                self._found[id(optimizer)] = flag  # also: a step is under way (discard_step)
+                if not ours:
+                    scaler.unscale_(optimizer)
                 flags.append(flag)
             return flags
         if not self.settings.skip_nonfinite:
@@ -436,12 +445,14 @@ class Precision:
                 return StepDecision((False,) * count, 1.0, 1.0)
             values = torch.stack([f.reshape(()) for f in flags]).tolist()
             return StepDecision(tuple(v > 0 for v in values), 1.0, 1.0)
-        before = scaler._scale.reshape(())
         if not isinstance(scaler, GradScaler):
             # torch's own scaler updates on the device too, but the new scale
-            # is only known after update(): the history reads it then
-            values = torch.stack([*(f.reshape(()) for f in flags), before]).tolist()
+            # is only known after update(): the history reads it then. Its
+            # scale as a tensor, through its public API: scale(1.0), exact
+            one = torch.ones((), dtype=torch.float32, device=flags[0].device)
+            values = torch.stack([*(f.reshape(()) for f in flags), scaler.scale(one)]).tolist()
             return StepDecision(tuple(v > 0 for v in values[:-1]), None, values[-1])
+        before = scaler.scale_tensor().reshape(())
         after = scaler.plan_update()
         values = torch.stack([*(f.reshape(()) for f in flags), before, after.reshape(())]).tolist()
         return StepDecision(tuple(v > 0 for v in values[:-2]), values[-1], values[-2])
@@ -462,7 +473,7 @@ class Precision:
         if self.masters:
             sync_module(module_root(module), self.masters)
 
-    def update(self, keep_scale: bool, scale_before: float) -> None:
+    def update(self, keep_scale: bool, scale_before: float | None) -> None:
         """The one scaler update of a step (on the device); ``keep_scale``
         (bad data, not an overflow) keeps the scale as it was."""
         if self.scaler.is_enabled():
@@ -470,6 +481,19 @@ class Precision:
                 self.scaler.update(new_scale=scale_before)
             else:
                 self.scaler.update()
+        self._found = {}
+
+    def discard_step(self) -> None:
+        """Forget a step that an exception interrupted between the unscale
+        (:meth:`check`) and :meth:`update` (a callback, KeyboardInterrupt),
+        which would block the next fit; the scale stays as it was. ampnet's
+        scaler drops its record (:meth:`GradScaler.discard_step`); torch's
+        own ends the step through its public ``update(new_scale=...)``."""
+        scaler = self.scaler
+        if isinstance(scaler, GradScaler):
+            scaler.discard_step()
+        elif scaler.is_enabled() and self._found:
+            scaler.update(new_scale=float(scaler.get_scale()))
         self._found = {}
 
     # ---- state -------------------------------------------------------------
@@ -535,8 +559,13 @@ def build_scaler(settings: PrecisionSettings, scaler_params: Mapping[str, Any]) 
             scaler = _construct(type(scaler), policy.device_type, **{
                 **scaler_settings(scaler), **kwargs, "enabled": enabled,
             })
-        else:
+        elif isinstance(scaler, GradScaler):
             scaler = copy_to_device(scaler, policy.device_type)
+        else:  # torch's own: a new one with its settings and state, through its public API
+            original = scaler
+            scaler = _construct(type(original), policy.device_type, **scaler_settings(original))
+            if original.is_enabled():
+                scaler.load_state_dict(original.state_dict())
     else:
         scaler = _construct(scaler, policy.device_type, enabled=enabled, **kwargs)
     if policy.uses_scaler and not scaler.is_enabled():
@@ -557,26 +586,17 @@ def _construct(cls: type, device_type: str, **kwargs: Any) -> GradScaler:
 
 
 def scaler_settings(scaler: torch.amp.GradScaler) -> dict[str, Any]:
-    """The constructor settings of any torch scaler."""
+    """The constructor settings of any torch scaler, read through its
+    public getters (the current scale stands for ``init_scale``)."""
     if isinstance(scaler, GradScaler):
         return scaler.get_settings()
     return {
-        "init_scale": scaler._init_scale if scaler._scale is None else scaler.get_scale(),
-        "growth_factor": scaler._growth_factor,
-        "backoff_factor": scaler._backoff_factor,
-        "growth_interval": scaler._growth_interval,
+        "init_scale": scaler.get_scale(),
+        "growth_factor": scaler.get_growth_factor(),
+        "backoff_factor": scaler.get_backoff_factor(),
+        "growth_interval": scaler.get_growth_interval(),
         "enabled": scaler.is_enabled(),
     } if scaler.is_enabled() else {"enabled": False}
-
-
-def found_inf_tensor(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> torch.Tensor:
-    """The overflow flag that ``scaler.unscale_(optimizer)`` recorded in this
-    step, as a tensor on the scale's device (no host read)."""
-    if isinstance(scaler, GradScaler):
-        return scaler.found_inf_tensor(optimizer)
-    found = scaler._found_inf_per_device(optimizer)
-    values = [v.to(scaler._scale.device, non_blocking=True) for v in found.values()]
-    return torch.stack(values).sum() if len(values) > 1 else values[0]
 
 
 def _as_dtype(value: Any) -> torch.dtype | None:

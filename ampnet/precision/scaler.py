@@ -1,11 +1,22 @@
-"""``ampnet.GradScaler``: torch's loss scaler with bounds, hysteresis and
-a static mode, validated settings, and state that survives checkpoints and
-pickling at any point of a training step."""
+"""``ampnet.GradScaler``: a loss scaler with bounds, hysteresis and a static
+mode, validated settings, and state that survives checkpoints and pickling
+at any point of a training step.
+
+It is a subclass of :class:`torch.amp.GradScaler` (``isinstance`` checks
+hold), but it owns its whole state: the scale and the growth tracker
+tensors, the per-optimizer record of a step and the settings live in
+attributes of its own, and every public method of torch's class that
+touches them is overridden. The private state of torch's class is left as
+its constructor set it, and never read or written: a torch release that
+renames it changes nothing here. The one torch function that does the work
+is the public op ``torch._amp_foreach_non_finite_check_and_unscale_``.
+"""
 
 from __future__ import annotations
 
 import copy
 import inspect
+from collections import abc
 from typing import Any
 
 import torch
@@ -33,6 +44,31 @@ LIVE_SETTINGS = (
     "hysteresis",
 )
 
+#: The settings of a scaler (``get_settings()``), in constructor order.
+_SETTING_NAMES = (
+    "init_scale", "growth_factor", "backoff_factor", "growth_interval",
+    "min_scale", "max_scale", "hysteresis", "dynamic", "enabled",
+)
+_INT_SETTINGS = ("growth_interval", "hysteresis")
+_BOOL_SETTINGS = ("dynamic", "enabled")
+
+#: Stages of an optimizer in the current step (what torch calls OptState).
+_UNSCALED, _STEPPED = "unscaled", "stepped"
+
+
+def _cast_setting(name: str, value: Any) -> Any:
+    """A setting as the plain Python type the scaler keeps."""
+    if name in _INT_SETTINGS:
+        return int(value)
+    if name in _BOOL_SETTINGS:
+        return bool(value)
+    return float(value)
+
+
+def _as_float(value: Any) -> float:
+    """A scale as a Python float (a state may hold a one-element tensor)."""
+    return float(value.item()) if isinstance(value, torch.Tensor) else float(value)
+
 
 class GradScaler(torch.amp.GradScaler):
     """Dynamic loss scaler for float16 training, a subclass of
@@ -42,7 +78,15 @@ class GradScaler(torch.amp.GradScaler):
     max_scale]`` (it never collapses to 0 or grows to inf), can wait for
     ``hysteresis`` overflows in a row before backing off, has a static
     mode, validates its settings with clear errors, and can be pickled or
-    deep-copied at any point of a training step.
+    deep-copied at any point of a training step. Its update runs on the
+    device (:meth:`plan_update`), and :meth:`found_inf_tensor` gives an
+    optimizer's overflow flag as a tensor, so a training step reads the
+    device once.
+
+    It keeps its state in attributes of its own (torch's private state is
+    left as torch's constructor set it and never used), so it depends on
+    torch's public API and the public op
+    ``torch._amp_foreach_non_finite_check_and_unscale_`` only.
 
     Parameters
     ----------
@@ -121,6 +165,8 @@ class GradScaler(torch.amp.GradScaler):
                 "GradScaler(device='cuda') was enabled, but CUDA is not available; torch "
                 "would silently disable it. Fix: GradScaler(device='cpu'), or run on a GPU."
             )
+        # torch's part, for isinstance and for code that reads torch's
+        # settings through its constructor; ampnet never uses its state
         super().__init__(
             device,
             init_scale=float(init_scale),
@@ -129,18 +175,12 @@ class GradScaler(torch.amp.GradScaler):
             growth_interval=int(growth_interval),
             enabled=bool(enabled),
         )
-        # torch stores these only when enabled; keep them always so that a
-        # disabled scaler still reports its settings.
-        self._init_scale_setting = float(init_scale)
-        self._growth_factor = float(growth_factor)
-        self._backoff_factor = float(backoff_factor)
-        self._growth_interval = int(growth_interval)
-        self._min_scale = float(min_scale)
-        self._max_scale = float(max_scale)
-        self._hysteresis = int(hysteresis)
-        self._dynamic = bool(dynamic)
-        self._overflow_streak = 0
-        self.scaled_in_step = False
+        settings = dict(
+            init_scale=init_scale, growth_factor=growth_factor, backoff_factor=backoff_factor,
+            growth_interval=growth_interval, min_scale=min_scale, max_scale=max_scale,
+            hysteresis=hysteresis, dynamic=dynamic, enabled=enabled,
+        )
+        self.__dict__.update(_own_state(str(device), {k: _cast_setting(k, v) for k, v in settings.items()}))
 
     def __repr__(self) -> str:
         """``GradScaler(device='cpu', init_scale=256.0)``: the device and the
@@ -150,23 +190,22 @@ class GradScaler(torch.amp.GradScaler):
             f"{k}={v!r}" for k, v in self.get_settings().items()
             if k not in params or v != params[k].default
         ]
-        return f"{type(self).__name__}({', '.join([f'device={self._device!r}', *changed])})"
+        return f"{type(self).__name__}({', '.join([f'device={self.device!r}', *changed])})"
 
     # ---- settings -------------------------------------------------------
 
+    @property
+    def device(self) -> str:
+        """The device type whose tensors it scales (``'cpu'``, ``'cuda'``...)."""
+        return self._ampnet_device
+
+    def is_enabled(self) -> bool:
+        """Whether it scales (a disabled scaler is a no-op)."""
+        return self._ampnet_settings["enabled"]
+
     def get_settings(self) -> dict[str, Any]:
         """The current settings as a dict of plain Python values."""
-        return {
-            "init_scale": self._init_scale_setting,
-            "growth_factor": self._growth_factor,
-            "backoff_factor": self._backoff_factor,
-            "growth_interval": self._growth_interval,
-            "min_scale": self._min_scale,
-            "max_scale": self._max_scale,
-            "hysteresis": self._hysteresis,
-            "dynamic": self._dynamic,
-            "enabled": self._enabled,
-        }
+        return dict(self._ampnet_settings)
 
     def set_settings(self, **settings: Any) -> None:
         """Change live settings (see ``LIVE_SETTINGS``) after validating them."""
@@ -185,55 +224,205 @@ class GradScaler(torch.amp.GradScaler):
         """:meth:`set_settings` for values already checked (a net's
         ``set_params`` checks them once, in
         ``ampnet.precision.settings.read_settings``)."""
+        own = self._ampnet_settings
         for name, value in settings.items():
-            cast = int if name in ("growth_interval", "hysteresis") else float
-            setattr(self, "_" + name, cast(value))
-        if self._enabled and self._scale is not None:
-            self._scale.clamp_(self._min_scale, self._max_scale)
-        elif self._enabled:  # the scale tensor is made at the first scale()
-            self._init_scale = min(max(self._init_scale, self._min_scale), self._max_scale)
+            own[name] = _cast_setting(name, value)
+        if own["enabled"] and self._loss_scale is not None:
+            self._loss_scale.clamp_(own["min_scale"], own["max_scale"])
+        elif own["enabled"]:  # the scale tensor is made at the first scale()
+            self._start_scale = min(max(self._start_scale, own["min_scale"]), own["max_scale"])
+
+    def get_growth_factor(self) -> float:
+        """The growth factor (as in torch)."""
+        return self._ampnet_settings["growth_factor"]
+
+    def set_growth_factor(self, new_factor: float) -> None:
+        """Set the growth factor (validated, as :meth:`set_settings`)."""
+        self.set_settings(growth_factor=new_factor)
+
+    def get_backoff_factor(self) -> float:
+        """The backoff factor (as in torch)."""
+        return self._ampnet_settings["backoff_factor"]
+
+    def set_backoff_factor(self, new_factor: float) -> None:
+        """Set the backoff factor (validated, as :meth:`set_settings`)."""
+        self.set_settings(backoff_factor=new_factor)
+
+    def get_growth_interval(self) -> int:
+        """The growth interval (as in torch)."""
+        return self._ampnet_settings["growth_interval"]
+
+    def set_growth_interval(self, new_interval: int) -> None:
+        """Set the growth interval (validated, as :meth:`set_settings`)."""
+        self.set_settings(growth_interval=new_interval)
+
+    # ---- the scale --------------------------------------------------------
+
+    def get_scale(self) -> float:
+        """The current scale as a Python float (reads the device once the
+        scale tensor exists); 1.0 for a disabled scaler, as in torch."""
+        if not self.is_enabled():
+            return 1.0
+        scale = self._loss_scale
+        return self._start_scale if scale is None else float(scale.item())
+
+    def scale_tensor(self) -> torch.Tensor | None:
+        """The scale as a float32 tensor on its device, without a host read;
+        None before the first :meth:`scale` (and for a disabled scaler)."""
+        return self._loss_scale
+
+    def _growth_tracker_value(self) -> int:
+        """Good steps in a row so far (reads the device)."""
+        tracker = self._good_steps
+        return self._start_good_steps if tracker is None else int(tracker.item())
+
+    def _lazy_tensors(self, device: torch.device) -> torch.Tensor:
+        """The scale tensor, made on ``device`` (with the growth tracker) at
+        the first call, as torch makes its own at the first ``scale()``."""
+        if self._loss_scale is None:
+            self._loss_scale = torch.full((), self._start_scale, dtype=torch.float32, device=device)
+            self._good_steps = torch.full((), self._start_good_steps, dtype=torch.int32, device=device)
+        return self._loss_scale
+
+    def _scale_and_tracker(self, caller: str) -> tuple[torch.Tensor, torch.Tensor]:
+        scale, tracker = self._loss_scale, self._good_steps
+        if scale is None or tracker is None:
+            raise RuntimeError(
+                f"GradScaler.{caller}() before any scale(): scale the loss first "
+                "(scaler.scale(loss).backward())."
+            )
+        return scale, tracker
 
     # ---- the step -------------------------------------------------------
 
     def scale(self, outputs):  # type: ignore[override]
-        """Multiply by the scale, as in torch; also records that a loss was
-        scaled in this step, so that a net can detect an unscaled backward."""
+        """Multiply by the scale, as in torch (a tensor, or an iterable of
+        tensors on any devices); also records that a loss was scaled in this
+        step, so that a net can detect an unscaled backward."""
+        if not self.is_enabled():
+            return outputs
         self.scaled_in_step = True
-        return super().scale(outputs)
+        if isinstance(outputs, torch.Tensor):
+            scale = self._lazy_tensors(outputs.device)
+            return outputs * scale.to(device=outputs.device, non_blocking=True)
+        per_device: dict[torch.device, torch.Tensor] = {}
+
+        def apply_scale(value: Any) -> Any:
+            if isinstance(value, torch.Tensor):
+                if not per_device:
+                    scale = self._lazy_tensors(value.device)
+                    per_device[scale.device] = scale
+                if value.device not in per_device:
+                    master = next(iter(per_device.values()))
+                    per_device[value.device] = master.to(device=value.device, non_blocking=True, copy=True)
+                return value * per_device[value.device]
+            if isinstance(value, abc.Iterable):
+                scaled = map(apply_scale, value)
+                return type(value)(scaled) if isinstance(value, (list, tuple)) else scaled
+            raise ValueError("outputs must be a Tensor or an iterable of Tensors")
+
+        return apply_scale(outputs)
 
     def unscale_(self, optimizer: torch.optim.Optimizer, allow_fp16: bool = False) -> None:
-        """torch's ``unscale_``; ``allow_fp16=True`` also unscales float16
-        gradients in place (``amp_master_weights='compensated'`` keeps
-        float16 weights and gradients: values below float16's smallest
-        subnormal, 6e-8, become zero once unscaled)."""
-        self._allow_fp16 = allow_fp16
-        try:
-            super().unscale_(optimizer)
-        finally:
-            self._allow_fp16 = False
+        """Divide this optimizer's gradients by the scale, in place, and
+        record whether any holds inf/NaN (on the device), as torch does;
+        ``allow_fp16=True`` also unscales float16 gradients
+        (``amp_master_weights='compensated'`` keeps float16 weights and
+        gradients: values below float16's smallest subnormal, 6e-8, become
+        zero once unscaled).
 
-    def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16):  # type: ignore[override]
-        allow = allow_fp16 or getattr(self, "_allow_fp16", False)
-        return super()._unscale_grads_(optimizer, inv_scale, found_inf, allow)
+        Raises
+        ------
+        RuntimeError
+          Called twice for an optimizer, or after :meth:`step`, before the
+          next :meth:`update`; or before any :meth:`scale`.
+        ValueError
+          A float16 gradient without ``allow_fp16``.
+        """
+        if not self.is_enabled():
+            return
+        scale, _ = self._scale_and_tracker("unscale_")
+        stage = self._step_records.get(id(optimizer), {}).get("stage")
+        if stage == _UNSCALED:
+            raise RuntimeError("unscale_() has already been called on this optimizer since the last update().")
+        if stage == _STEPPED:
+            raise RuntimeError("unscale_() is being called after step().")
+        # as torch: the reciprocal in float64 (float32 division can be imprecise)
+        inv_scale = scale.reciprocal() if scale.device.type == "mps" else scale.double().reciprocal().float()
+        found = _unscale_in_place(optimizer, inv_scale, allow_fp16)
+        self._step_records[id(optimizer)] = {"stage": _UNSCALED, "found_inf": found}
+
+    def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
+        """Unscale (unless :meth:`unscale_` did) and step ``optimizer`` if
+        its gradients are finite, as torch's ``step``; an optimizer that
+        handles the scale itself (``_step_supports_amp_scaling``, torch's
+        fused ones) gets ``grad_scale`` and ``found_inf`` instead and steps
+        without a host read. Returns what ``optimizer.step`` returns (None
+        for a skipped step)."""
+        if not self.is_enabled():
+            return optimizer.step(*args, **kwargs)
+        if "closure" in kwargs:
+            raise RuntimeError("Closure use is not currently supported if GradScaler is enabled.")
+        scale, _ = self._scale_and_tracker("step")
+        record = self._step_records.get(id(optimizer), {})
+        if record.get("stage") == _STEPPED:
+            raise RuntimeError("step() has already been called since the last update().")
+        if getattr(optimizer, "_step_supports_amp_scaling", False):
+            unscaled = record.get("stage") == _UNSCALED
+            if unscaled:
+                found = record["found_inf"]
+            else:  # check only: the fused kernel unscales
+                found = _unscale_in_place(optimizer, torch.ones_like(scale), allow_fp16=True)
+            optimizer.grad_scale = (  # type: ignore[attr-defined]
+                getattr(optimizer, "grad_scale", None) if unscaled
+                else scale * getattr(optimizer, "grad_scale", 1)
+            )
+            optimizer.found_inf = found  # type: ignore[attr-defined]
+            try:
+                result = optimizer.step(*args, **kwargs)
+            finally:
+                del optimizer.grad_scale, optimizer.found_inf  # type: ignore[attr-defined]
+            self._step_records[id(optimizer)] = {"stage": _STEPPED, "found_inf": found}
+            return result
+        if record.get("stage") is None:
+            self.unscale_(optimizer)
+        found = self._step_records[id(optimizer)]["found_inf"]
+        result = None if found.item() else optimizer.step(*args, **kwargs)
+        self._step_records[id(optimizer)] = {"stage": _STEPPED, "found_inf": found}
+        return result
 
     def found_inf(self, optimizer: torch.optim.Optimizer) -> bool:
         """Whether ``unscale_`` found inf/NaN in this optimizer's gradients
         during the current step (False for a disabled scaler). Reads the
         device; a training step uses :meth:`found_inf_tensor` instead."""
-        if not self._enabled:
+        if not self.is_enabled():
             return False
         return bool(self.found_inf_tensor(optimizer).item())
 
     def found_inf_tensor(self, optimizer: torch.optim.Optimizer) -> torch.Tensor:
         """This optimizer's overflow flag of the current step as a float32
         tensor on the scale's device (> 0: inf/NaN found), without a host read."""
-        found = self._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
-        if not found:
+        record = self._step_records.get(id(optimizer))
+        if record is None:
             raise RuntimeError(
                 "GradScaler.found_inf_tensor(): unscale_(optimizer) was not called in this step."
             )
-        values = [v.to(self._scale.device, non_blocking=True) for v in found.values()]
-        return torch.stack(values).sum() if len(values) > 1 else values[0]
+        return record["found_inf"]
+
+    @property
+    def step_pending(self) -> bool:
+        """Whether an optimizer was unscaled or stepped since the last
+        :meth:`update` (a step is under way)."""
+        return bool(self._step_records)
+
+    def discard_step(self) -> None:
+        """Forget the step under way: what :meth:`unscale_` and :meth:`step`
+        recorded, a planned update, and that a loss was scaled. The scale,
+        the growth tracker and the overflow streak stay. A net calls it at
+        the start of a fit, after a step that an exception interrupted."""
+        self._step_records = {}
+        self._planned = None
+        self.scaled_in_step = False
 
     def plan_update(self) -> torch.Tensor:
         """Compute, on the device and without a host read, the scale that
@@ -241,30 +430,31 @@ class GradScaler(torch.amp.GradScaler):
 
         :meth:`update` commits the plan; ``update(new_scale=...)`` discards it.
         """
-        states = self._per_optimizer_states.values()
-        found_infs = [v for state in states for v in state["found_inf_per_device"].values()]
+        found_infs = [record["found_inf"] for record in self._step_records.values()]
         if not found_infs:
             raise RuntimeError(
                 "GradScaler.update(): no inf checks were recorded in this step; call "
                 "unscale_(optimizer) or step(optimizer) before update()."
             )
-        scale, tracker = self._check_scale_growth_tracker("update")
+        scale, tracker = self._scale_and_tracker("update")
+        settings = self._ampnet_settings
         found = torch.stack([f.to(scale.device, non_blocking=True) for f in found_infs]).sum()
         overflow = found > 0
         streak = self._streak_tensor()
-        dynamic = self._dynamic
+        dynamic = settings["dynamic"]
         # overflow: reset the tracker; back off once `hysteresis` overflows in a row
         new_streak = torch.where(overflow, streak + 1, torch.zeros_like(streak))
-        backoff = overflow & (new_streak >= self._hysteresis) & dynamic
+        backoff = overflow & (new_streak >= settings["hysteresis"]) & dynamic
         # no overflow: count good steps; grow after `growth_interval` of them
         good = torch.where(overflow, torch.zeros_like(tracker), tracker + 1)
-        grow = ~overflow & (good >= self._growth_interval) & dynamic
+        grow = ~overflow & (good >= settings["growth_interval"]) & dynamic
         new_scale = torch.where(
-            backoff, scale * self._backoff_factor, torch.where(grow, scale * self._growth_factor, scale)
+            backoff, scale * settings["backoff_factor"],
+            torch.where(grow, scale * settings["growth_factor"], scale),
         )
         new_scale = torch.where(
-            torch.isfinite(new_scale), new_scale, torch.full_like(new_scale, self._max_scale)
-        ).clamp_(self._min_scale, self._max_scale)
+            torch.isfinite(new_scale), new_scale, torch.full_like(new_scale, settings["max_scale"])
+        ).clamp_(settings["min_scale"], settings["max_scale"])
         self._planned = (
             new_scale,
             torch.where(grow, torch.zeros_like(good), good),
@@ -284,29 +474,39 @@ class GradScaler(torch.amp.GradScaler):
         scale by hand, as in torch (the growth tracker and the overflow
         streak are kept).
         """
-        if not self._enabled:
+        if not self.is_enabled():
             return
         self.scaled_in_step = False
-        planned, self._planned = getattr(self, "_planned", None), None
+        planned, self._planned = self._planned, None
         if new_scale is not None:
-            super().update(new_scale)
+            scale, _ = self._scale_and_tracker("update")
+            if isinstance(new_scale, float):
+                scale.fill_(new_scale)
+            else:
+                if (new_scale.device.type != scale.device.type or new_scale.numel() != 1
+                        or new_scale.requires_grad):
+                    raise ValueError(
+                        "new_scale should be a float or a 1-element tensor on the scale's "
+                        "device with requires_grad=False."
+                    )
+                scale.copy_(new_scale)
+            self._step_records = {}
             return
         if planned is None:
             self.plan_update()
             planned, self._planned = self._planned, None
-        scale, tracker, streak = planned
-        self._scale.copy_(scale)
-        self._growth_tracker.copy_(tracker)
+        new, tracker, streak = planned
+        self._loss_scale.copy_(new)
+        self._good_steps.copy_(tracker)
         self._streak_tensor().copy_(streak)
-        self._per_optimizer_states = type(self._per_optimizer_states)(
-            self._per_optimizer_states.default_factory
-        )
+        self._step_records = {}
 
     def _streak_tensor(self) -> torch.Tensor:
         """Overflows in a row, on the scale's device (created lazily, like
-        torch's growth tracker)."""
-        streak = getattr(self, "_streak", None)
-        device = self._scale.device if self._scale is not None else torch.device(self._device)
+        the growth tracker)."""
+        streak = self._streak
+        scale = self._loss_scale
+        device = scale.device if scale is not None else torch.device(self._ampnet_device)
         if streak is None or streak.device != device:
             start = streak.item() if isinstance(streak, torch.Tensor) else self._overflow_count
             streak = self._streak = torch.full((), int(start), dtype=torch.int32, device=device)
@@ -315,7 +515,7 @@ class GradScaler(torch.amp.GradScaler):
     @property
     def _overflow_streak(self) -> int:
         """Overflows in a row so far (reads the device)."""
-        streak = getattr(self, "_streak", None)
+        streak = self._streak
         return int(streak.item()) if isinstance(streak, torch.Tensor) else self._overflow_count
 
     @_overflow_streak.setter
@@ -325,31 +525,41 @@ class GradScaler(torch.amp.GradScaler):
 
     def to_device_type(self, device_type: str) -> None:
         """Re-target the scaler, e.g. after a CUDA net was loaded on a CPU."""
-        self._device = device_type
-        for name in ("_scale", "_growth_tracker", "_streak"):
-            value = getattr(self, name, None)
+        self._ampnet_device = device_type
+        for name in ("_loss_scale", "_good_steps", "_streak"):
+            value = self.__dict__.get(name)
             if isinstance(value, torch.Tensor):
                 setattr(self, name, value.to(device_type))
+        self._step_records = {
+            key: {**record, "found_inf": record["found_inf"].to(device_type)}
+            for key, record in self._step_records.items()
+        }
+        self._planned = None
 
     # ---- state ----------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """torch's state plus the bounds, hysteresis and static mode.
+        """torch's state (the same keys) plus the bounds, hysteresis and
+        static mode.
 
         Empty for a disabled scaler, as in torch.
         """
-        state = super().state_dict()
-        if not state:
-            return state
-        state.update(
-            min_scale=self._min_scale,
-            max_scale=self._max_scale,
-            hysteresis=self._hysteresis,
-            dynamic=self._dynamic,
-            _overflow_streak=self._overflow_streak,
-            ampnet_scaler_version=STATE_VERSION,
-        )
-        return state
+        if not self.is_enabled():
+            return {}
+        settings = self._ampnet_settings
+        return {
+            "scale": self.get_scale(),
+            "growth_factor": settings["growth_factor"],
+            "backoff_factor": settings["backoff_factor"],
+            "growth_interval": settings["growth_interval"],
+            "_growth_tracker": self._growth_tracker_value(),
+            "min_scale": settings["min_scale"],
+            "max_scale": settings["max_scale"],
+            "hysteresis": settings["hysteresis"],
+            "dynamic": settings["dynamic"],
+            "_overflow_streak": self._overflow_streak,
+            "ampnet_scaler_version": STATE_VERSION,
+        }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Validate, then load. A state of plain torch's GradScaler loads
@@ -360,55 +570,157 @@ class GradScaler(torch.amp.GradScaler):
         ValueError
           See ``validate_scaler_state``.
         """
-        if not self._enabled:
+        if not self.is_enabled():
             return
         validate_scaler_state(state_dict)
-        super().load_state_dict(state_dict)
-        for name in ("min_scale", "max_scale", "hysteresis", "dynamic", "overflow_streak"):
-            key = "_overflow_streak" if name == "overflow_streak" else name
-            if key in state_dict:
-                cast = {"hysteresis": int, "dynamic": bool, "overflow_streak": int}.get(name, float)
-                setattr(self, "_" + name, cast(state_dict[key]))
+        scale = _as_float(state_dict["scale"])
+        tracker = int(state_dict["_growth_tracker"])
+        self._start_scale, self._start_good_steps = scale, tracker
+        if self._loss_scale is not None:
+            self._loss_scale.fill_(scale)
+            self._good_steps.fill_(tracker)
+        settings = self._ampnet_settings
+        for name in ("growth_factor", "backoff_factor", "growth_interval",
+                     "min_scale", "max_scale", "hysteresis", "dynamic"):
+            if name in state_dict:
+                settings[name] = _cast_setting(name, state_dict[name])
+        if "_overflow_streak" in state_dict:
+            self._overflow_streak = int(state_dict["_overflow_streak"])
 
     def __getstate__(self) -> dict[str, Any]:
-        # torch refuses to pickle between unscale_() and update(); the
-        # per-step record is keyed by id(optimizer) and means nothing in a
-        # copy, so a copy starts the step afresh with the same scale.
-        pending = self._per_optimizer_states if self._enabled else None
-        if pending:
-            self._per_optimizer_states = type(pending)(pending.default_factory)
-        try:
-            state = super().__getstate__()
-        finally:
-            if pending:
-                self._per_optimizer_states = pending
-        # like torch's scale and tracker, the streak travels as a plain value
-        state.update(_overflow_count=self._overflow_streak, _streak=None, _planned=None)
+        # the per-step record is keyed by id(optimizer) and means nothing in
+        # a copy, so a copy starts the step afresh with the same scale; the
+        # tensors travel as plain values (made again at the first scale())
+        state = self.__dict__.copy()
+        state.update(_ampnet_settings=dict(self._ampnet_settings), _step_records={}, _planned=None)
+        if self.is_enabled():
+            state.update(
+                _start_scale=self.get_scale(), _start_good_steps=self._growth_tracker_value(),
+                _loss_scale=None, _good_steps=None, _overflow_count=self._overflow_streak, _streak=None,
+            )
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if "_ampnet_settings" not in state:  # pickled by ampnet 0.3
+            own = _state_of_0_3(state)
+            state = {k: v for k, v in state.items() if k not in _ONLY_IN_0_3}
+            state.update(own)
+        self.__dict__.update(state)
+
+
+def _own_state(device: str, settings: dict[str, Any]) -> dict[str, Any]:
+    """The attributes that a :class:`GradScaler` keeps its state in, for a
+    scaler that has not scaled yet."""
+    return {
+        "_ampnet_device": device,
+        "_ampnet_settings": settings,
+        "_start_scale": settings["init_scale"],  # the scale tensor starts here
+        "_start_good_steps": 0,
+        "_loss_scale": None,
+        "_good_steps": None,
+        "_overflow_count": 0,
+        "_streak": None,
+        "_step_records": {},
+        "_planned": None,
+        "scaled_in_step": False,
+    }
+
+
+#: Attributes of ampnet 0.3's scaler that this version keeps elsewhere
+#: (``_ampnet_settings``); torch's own fields stay, as torch's part.
+_ONLY_IN_0_3 = ("_init_scale_setting", "_min_scale", "_max_scale", "_hysteresis", "_dynamic", "_allow_fp16")
+
+
+def _state_of_0_3(state: dict[str, Any]) -> dict[str, Any]:
+    """The attributes of this version from the ``__dict__`` of a scaler
+    pickled by ampnet 0.3, which kept its settings and scale in torch's
+    fields: the pickle's keys are read as data, never torch's live state."""
+    enabled = bool(state["_enabled"])
+    settings = {
+        "init_scale": state["_init_scale_setting"],
+        "growth_factor": state["_growth_factor"],
+        "backoff_factor": state["_backoff_factor"],
+        "growth_interval": state["_growth_interval"],
+        "min_scale": state["_min_scale"],
+        "max_scale": state["_max_scale"],
+        "hysteresis": state["_hysteresis"],
+        "dynamic": state["_dynamic"],
+        "enabled": enabled,
+    }
+    own = _own_state(str(state["_device"]), {k: _cast_setting(k, v) for k, v in settings.items()})
+    if enabled:  # torch's __getstate__ put the scale and the tracker there as plain values
+        own["_start_scale"] = _as_float(state["_init_scale"])
+        own["_start_good_steps"] = int(state["_init_growth_tracker"])
+    own["_overflow_count"] = int(state.get("_overflow_count", 0))
+    own["scaled_in_step"] = bool(state.get("scaled_in_step", False))
+    return own
+
+
+def _unscale_in_place(optimizer: torch.optim.Optimizer, inv_scale: torch.Tensor, allow_fp16: bool) -> torch.Tensor:
+    """Multiply ``optimizer``'s gradients by ``inv_scale`` in place and flag
+    inf/NaN in them, as torch's scaler does: one fused kernel per device and
+    dtype; a sparse float16 gradient is coalesced first (duplicates summed
+    in float16 may overflow), others are checked over their values. Returns
+    the flag, a float32 tensor on ``inv_scale``'s device (> 0: found).
+
+    Raises
+    ------
+    ValueError
+      A float16 gradient without ``allow_fp16``.
+    """
+    groups: dict[torch.device, dict[torch.dtype, list[torch.Tensor]]] = {}
+    with torch.no_grad():
+        for group in optimizer.param_groups:
+            for param in group["params"]:
+                if param.grad is None:
+                    continue
+                if not allow_fp16 and param.grad.dtype == torch.float16:
+                    raise ValueError("Attempting to unscale FP16 gradients.")
+                if param.grad.is_sparse:
+                    if param.grad.dtype is torch.float16:
+                        param.grad = param.grad.coalesce()
+                    grad = param.grad._values()
+                else:
+                    grad = param.grad
+                groups.setdefault(grad.device, {}).setdefault(grad.dtype, []).append(grad)
+        home = inv_scale.device
+        found = torch.full((), 0.0, dtype=torch.float32, device=home)
+        flags = [found]
+        for device, by_dtype in groups.items():
+            if device == home:
+                flag, inv = found, inv_scale
+            else:
+                flag = torch.full((), 0.0, dtype=torch.float32, device=device)
+                inv = inv_scale.to(device, non_blocking=True, copy=True)
+                flags.append(flag)
+            for grads in by_dtype.values():
+                torch._amp_foreach_non_finite_check_and_unscale_(grads, flag, inv)
+    if len(flags) == 1:
+        return found
+    return torch.stack([f.to(home, non_blocking=True) for f in flags]).sum()
 
 
 def move_scaler(scaler: torch.amp.GradScaler, device_type: str) -> None:
-    """Re-target any torch scaler in place, e.g. after a CUDA net was loaded on a CPU."""
-    if getattr(scaler, "_device", device_type) == device_type:
-        return
+    """Re-target a scaler in place, e.g. after a CUDA net was loaded on a CPU.
+
+    ``ampnet.GradScaler`` moves its tensors. torch's own scaler is left as it
+    is: a pickled one makes its tensors again, on the device of what it
+    scales first, and ampnet touches no private state of it.
+    """
     if isinstance(scaler, GradScaler):
         scaler.to_device_type(device_type)
-        return
-    scaler._device = device_type
-    for name in ("_scale", "_growth_tracker"):
-        value = getattr(scaler, name, None)
-        if isinstance(value, torch.Tensor):
-            setattr(scaler, name, value.to(device_type))
 
 
-def copy_to_device(scaler: torch.amp.GradScaler, device_type: str) -> torch.amp.GradScaler:
-    """A deep copy of ``scaler`` whose tensors live on ``device_type``.
+def copy_to_device(scaler: GradScaler, device_type: str) -> GradScaler:
+    """A deep copy of an ``ampnet.GradScaler`` whose tensors live on ``device_type``.
 
     A scaler instance is a hyper-parameter: a net trains a copy (``fit``
     must not change it, and clones must not share a training state), and
     the copy follows the net's device, so that ``GradScaler(init_scale=256.)``
     made on a CPU-only machine (or for another device) works on any net.
+    (torch's own scalers are copied through their public API:
+    ``ampnet.precision.component.build_scaler``.)
     """
     scaler = copy.deepcopy(scaler)
-    move_scaler(scaler, device_type)
+    scaler.to_device_type(device_type)
     return scaler

@@ -35,8 +35,27 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, Integral) and not is_bool(value)
 
 
+def _finite(value: Any) -> bool:
+    """A real number that is not NaN or infinite; an int too large for a
+    float (``10**400``) counts as finite, so that the range checks refuse
+    it by the range (``math.isfinite`` raises OverflowError for it)."""
+    if not _is_number(value):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return isinstance(value, Integral)
+
+
+def _shown(value: Any) -> str:
+    """``repr(value)``, or for a long one (a 400-digit int) its start with
+    the type."""
+    text = repr(value)
+    return text if len(text) <= 80 else describe(value)
+
+
 def _in_float32_range(value: Any) -> bool:
-    return _is_number(value) and math.isfinite(value) and FLOAT32_TINY <= value <= FLOAT32_MAX
+    return _finite(value) and FLOAT32_TINY <= value <= FLOAT32_MAX
 
 
 def _setting_problems(settings: dict[str, Any], prefix: str, quoted: bool = False) -> list[str]:
@@ -52,7 +71,7 @@ def _setting_problems(settings: dict[str, Any], prefix: str, quoted: bool = Fals
         if name not in settings:
             continue
         value = settings[name]
-        if not (_is_number(value) and math.isfinite(value) and value > 0):
+        if not (_finite(value) and value > 0):
             bad(name, "must be a finite number > 0, e.g. 65536.0")
         elif not _in_float32_range(value):
             bad(
@@ -63,7 +82,7 @@ def _setting_problems(settings: dict[str, Any], prefix: str, quoted: bool = Fals
             )
     if "growth_factor" in settings:
         value = settings["growth_factor"]
-        if not (_is_number(value) and math.isfinite(value) and value > 1):
+        if not (_finite(value) and value > 1):
             bad("growth_factor", "must be a finite number > 1, e.g. 2.0")
         elif value > FLOAT32_MAX:
             bad("growth_factor", f"must be at most float32's largest value {FLOAT32_MAX:.8g}, e.g. 2.0")
@@ -120,7 +139,10 @@ def validate_scaler_settings(prefix: str = "grad_scaler__", **settings: Any) -> 
     """
     problems = _setting_problems(settings, prefix)
     if problems:
-        raise ValueError("Invalid loss-scaler settings:\n- " + "\n- ".join(problems))
+        raise ValueError(
+            "Invalid loss-scaler settings:\n- " + "\n- ".join(problems)
+            + "\nFix: pass values in the ranges given (e.g. the defaults)."
+        )
 
 
 #: Entries of a scaler state_dict, with what each must hold (settings are
@@ -169,17 +191,22 @@ def validate_scaler_state(state: Any, source: str = "the state dict") -> None:
         )
     scale = state["scale"]
     if isinstance(scale, torch.Tensor):
-        scale = scale.item() if scale.numel() == 1 and not scale.is_complex() else float("nan")
-    if not (_is_number(scale) and math.isfinite(scale) and scale > 0):
+        readable = (
+            scale.numel() == 1 and not scale.is_complex() and scale.layout == torch.strided
+            and scale.device.type != "meta" and not scale.is_quantized
+        )
+        scale = scale.item() if readable else float("nan")
+    if not (_finite(scale) and scale > 0):
         raise ValueError(
-            f"{source} has an invalid loss scale {scale!r}: the scale must be a finite "
-            "number > 0 (a NaN or zero scale would skip every step or write NaN into "
-            "the weights)."
+            f"{source} has an invalid loss scale {describe(state['scale'])}: the scale must "
+            "be a finite number > 0 (a NaN or zero scale would skip every step or write NaN "
+            "into the weights), a float or a one-element tensor with a value. Nothing was "
+            "loaded. Fix: pass the file that save_params wrote, or f_grad_scaler=None."
         )
     problems = []
     if not _in_float32_range(scale):
         problems.append(
-            f"'scale' = {scale!r} lies outside float32's normal positive range {_RANGE} "
+            f"'scale' = {_shown(scale)} lies outside float32's normal positive range {_RANGE} "
             "(the scale is a float32 tensor)"
         )
     bad_keys = sorted(repr(k) for k in state if not isinstance(k, str))

@@ -12,7 +12,8 @@
 #                                                 # (e.g. a copy with a proposed fix)
 #   python tools/skorch_suite/compare.py [results/<sha10>]  # ampnet-only failures (default results/worktree)
 #
-# Environment: SKORCH_SUITE_FILES (test files, default the three above),
+# Environment: SKORCH_SUITE_DATA (skorch's tests folder from a checkout, for the
+# data files that the wheel lacks), SKORCH_SUITE_FILES (test files, default the three above),
 # SKORCH_SUITE_TIMEOUT (seconds, default 2400), SKORCH_SUITE_RESULTS (folder
 # for results, default tools/skorch_suite/results; each run writes <mode>.xml
 # and <mode>.log to results/worktree/, results/<sha10>/ (--rev) or
@@ -69,6 +70,15 @@ done
 # Run from a scratch folder: some skorch tests read or write paths relative
 # to the working directory (skorch/tests/net_cuda.pt, ...).
 mkdir -p "$results/cwd"
+# The data files of those tests (net_cuda.pt, optimizer_cuda.pt: legacy-format
+# torch files; net_cuda.pkl, model_0.5.0.pkl) are not in skorch's wheel; with
+# SKORCH_SUITE_DATA=<skorch checkout>/skorch/tests they are copied in.
+if [ -n "${SKORCH_SUITE_DATA:-}" ]; then
+  mkdir -p "$results/cwd/skorch/tests"
+  for f in net_cuda.pt optimizer_cuda.pt net_cuda.pkl model_0.5.0.pkl; do
+    [ -f "$SKORCH_SUITE_DATA/$f" ] && cp "$SKORCH_SUITE_DATA/$f" "$results/cwd/skorch/tests/"
+  done
+fi
 cd "$results/cwd"
 set +e
 timeout "${SKORCH_SUITE_TIMEOUT:-2400}" python -m pytest \

@@ -1,0 +1,274 @@
+"""torch's legacy file format (``torch.save(..., _use_new_zipfile_serialization
+=False)``, the only format of torch < 1.6), read with every declared size
+checked against the file's length.
+
+A legacy file is a row of pickles followed by the raw bytes of each storage::
+
+    magic number | protocol version | system info | the object (storages as
+    persistent ids) | the list of storage keys | for each key: its element
+    count (int64) and its bytes
+
+``torch.load`` allocates each storage at the size its persistent id declares
+while it unpickles the object, before it reads any storage bytes, so a file
+of a few hundred bytes could make it allocate terabytes.
+:func:`check_torch_legacy` reads the same structure first without building
+anything (every global the pickles name becomes an inert placeholder, so no
+code runs and no tensor is allocated): each storage the object uses must be
+listed once in the key list, of a known storage type, with an element count
+that its own header in the data section repeats and whose bytes lie within
+the file. A file cannot hold more bytes than it is long, so what torch then
+allocates is at most the file's size. :class:`BoundedReader` caps every read
+at the file's end (a pickle opcode's declared length cannot make a read
+allocate more) and hides the file descriptor from torch.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import struct
+from types import MappingProxyType
+from typing import Any, BinaryIO
+
+import torch
+
+from ampnet.validation import describe, is_int
+
+__all__ = ["LEGACY_MAGIC", "is_torch_legacy", "check_torch_legacy", "BoundedReader"]
+
+#: How a legacy file begins: torch's magic number, pickled with protocol 2.
+LEGACY_MAGIC = pickle.dumps(0x1950A86A20F9469CFC6C, protocol=2)
+
+#: The protocol version that torch's legacy files carry.
+_PROTOCOL_VERSION = 1001
+
+#: torch's storage classes, as a legacy file names them, and their dtypes.
+_STORAGE_DTYPES: "MappingProxyType[str, torch.dtype]" = MappingProxyType({
+    "DoubleStorage": torch.float64,
+    "FloatStorage": torch.float32,
+    "HalfStorage": torch.float16,
+    "BFloat16Storage": torch.bfloat16,
+    "LongStorage": torch.int64,
+    "IntStorage": torch.int32,
+    "ShortStorage": torch.int16,
+    "CharStorage": torch.int8,
+    "ByteStorage": torch.uint8,
+    "BoolStorage": torch.bool,
+    "ComplexDoubleStorage": torch.complex128,
+    "ComplexFloatStorage": torch.complex64,
+})
+
+_STORAGE_MODULES = ("torch", "torch.cuda")
+
+
+class BoundedReader(io.RawIOBase):
+    """A read-only view of ``f`` (``size`` bytes long) whose reads never ask
+    for more than what is left before the end, and that has no file
+    descriptor (so ``torch.load`` reads it through ``read``).
+
+    Parameters
+    ----------
+    f : binary file object
+      Seekable; it stays owned (and closed) by the caller.
+
+    size : int
+      The file's length in bytes.
+    """
+
+    def __init__(self, f: BinaryIO, size: int) -> None:
+        super().__init__()
+        self._f = f
+        self._size = size
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._f.tell()
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        return self._f.seek(offset, whence)
+
+    def _left(self) -> int:
+        return max(0, self._size - self._f.tell())
+
+    def read(self, n: int | None = -1) -> bytes:
+        left = self._left()
+        n = left if n is None or n < 0 else min(n, left)
+        return self._f.read(n)
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        data = self._f.read(min(len(view), self._left()))
+        view[: len(data)] = data
+        return len(data)
+
+    def readline(self, limit: int | None = -1) -> bytes:
+        left = self._left()
+        return self._f.readline(left if limit is None or limit < 0 else min(limit, left))
+
+
+class _Placeholder:
+    """What every global and persistent id of a checked pickle becomes: it
+    accepts any construction and any state, and does nothing."""
+
+    module = ""
+    name = ""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> "_Placeholder":
+        return object.__new__(cls)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __setstate__(self, state: Any) -> None:
+        pass
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        pass
+
+    def append(self, value: Any) -> None:
+        pass
+
+    def extend(self, values: Any) -> None:
+        pass
+
+
+class _SkeletonUnpickler(pickle._Unpickler):  # the pure-Python one: reads go through the file's read
+    """Unpickles the structure of a pickle only: globals are placeholder
+    classes that record their name, persistent ids are recorded."""
+
+    def __init__(self, file: BoundedReader) -> None:
+        super().__init__(file, encoding="latin1")
+        self.persistent_ids: list[Any] = []
+
+    def find_class(self, module: str, name: str) -> type:
+        return type(name, (_Placeholder,), {"module": module, "name": name})
+
+    def persistent_load(self, pid: Any) -> Any:
+        self.persistent_ids.append(pid)
+        return _Placeholder()
+
+
+def is_torch_legacy(f: BinaryIO) -> bool:
+    """Whether ``f`` begins as torch's legacy files do; ``f`` is left at its
+    start."""
+    f.seek(0)
+    head = f.read(len(LEGACY_MAGIC))
+    f.seek(0)
+    return head == LEGACY_MAGIC
+
+
+def _refuse(source: str, problem: str) -> ValueError:
+    return ValueError(
+        f"{source} is a torch file in the legacy format (torch < 1.6, or "
+        f"_use_new_zipfile_serialization=False) that cannot be read: {problem}. Nothing "
+        "was loaded. Fix: pass the file that torch.save wrote; if you trust this one, "
+        "load it with torch.load and save it again with torch.save (zip format)."
+    )
+
+
+def _storage_size(pid: Any, source: str) -> tuple[Any, int, int] | None:
+    """(key, element count, bytes) of a storage persistent id; None for
+    other persistent ids (a module's source)."""
+    if not (isinstance(pid, tuple) and pid and pid[0] in ("storage", b"storage")):
+        if isinstance(pid, tuple) and pid and pid[0] in ("module", b"module"):
+            return None
+        raise _refuse(source, f"a persistent id {describe(pid)} is neither a storage nor a module")
+    if len(pid) != 6:
+        raise _refuse(source, f"a storage id holds {len(pid)} fields, not 6")
+    _, storage_type, key, _location, numel, _view = pid
+    module, name = getattr(storage_type, "module", None), getattr(storage_type, "name", None)
+    dtype = _STORAGE_DTYPES.get(name) if module in _STORAGE_MODULES else None
+    if dtype is None:
+        raise _refuse(source, f"storage {key!r} has the unknown type {module}.{name}")
+    if not (isinstance(key, (str, bytes, int)) and is_int(numel) and numel >= 0):
+        raise _refuse(
+            source, f"storage {describe(key)} declares {describe(numel)} elements (an int >= 0 is "
+            "needed)"
+        )
+    return key, numel, numel * dtype.itemsize
+
+
+def check_torch_legacy(f: BinaryIO, size: int, source: str) -> BoundedReader:
+    """Check the structure of a legacy torch file (see the module's text)
+    without building any of it.
+
+    Parameters
+    ----------
+    f : binary file object
+      The file, seekable; it is left at its start.
+
+    size : int
+      Its length in bytes.
+
+    source : str
+      How messages name it.
+
+    Returns
+    -------
+    BoundedReader
+      ``f`` behind a reader that ``torch.load`` may read.
+
+    Raises
+    ------
+    ValueError
+      Naming ``source``: a storage that declares more bytes than the file
+      holds after it, one of an unknown type, one not listed (or listed
+      twice) in the key list, a data header that disagrees with its
+      declaration, or a structure that is not a legacy file's.
+    """
+    reader = BoundedReader(f, size)
+    reader.seek(0)
+    try:
+        pickles = []
+        persistent_ids: list[Any] = []
+        for _ in range(5):  # magic, protocol, system info, the object, the keys
+            unpickler = _SkeletonUnpickler(reader)
+            pickles.append(unpickler.load())
+            persistent_ids += unpickler.persistent_ids
+        data_start = reader.tell()
+    except Exception as exc:  # whatever a damaged pickle makes the unpickler raise
+        raise _refuse(source, f"its pickles are damaged ({type(exc).__name__}: {exc})") from exc
+    finally:
+        reader.seek(0)
+    if pickles[1] != _PROTOCOL_VERSION:
+        raise _refuse(source, f"protocol version {describe(pickles[1])}, not {_PROTOCOL_VERSION}")
+    keys = pickles[4]
+    if not (isinstance(keys, list) and all(isinstance(k, (str, bytes, int)) for k in keys)):
+        raise _refuse(source, f"the storage key list is {describe(keys)}")
+    declared: dict[Any, tuple[int, int]] = {}
+    for pid in persistent_ids:
+        found = _storage_size(pid, source)
+        if found is not None and found[0] not in declared:
+            declared[found[0]] = found[1:]
+    if len(set(keys)) != len(keys) or set(keys) != set(declared):
+        raise _refuse(
+            source, f"the key list {describe(keys)} does not list each of the "
+            f"{len(declared)} storages that the object uses exactly once"
+        )
+    position = data_start
+    for key in keys:
+        numel, nbytes = declared[key]
+        if position + 8 + nbytes > size:
+            raise _refuse(
+                source, f"storage {key!r} declares {numel} elements ({nbytes} bytes), but only "
+                f"{max(0, size - position - 8)} bytes of the file's {size} follow its header "
+                "(a file cannot hold more than it is long)"
+            )
+        f.seek(position)
+        (header,) = struct.unpack("<q", f.read(8))
+        if header != numel:
+            f.seek(0)
+            raise _refuse(
+                source, f"storage {key!r} declares {numel} elements, its data header {header}"
+            )
+        position += 8 + nbytes
+    f.seek(0)
+    return reader
