@@ -112,21 +112,21 @@ def test_grad_scaler_instance_works_on_a_cpu_net():
                            max_epochs=1, batch_size=16, train_split=None, verbose=0)
     with pytest.warns(ampnet.AmpWarning, match="float16 autocast on CPU"):
         net.fit(X, y)
-    assert net.grad_scaler_ is not scaler and net.grad_scaler_._device == "cpu"
+    assert net.grad_scaler_ is not scaler and net.grad_scaler_.device == "cpu"
     assert net.history[0, "batches", 0, "loss_scale"] == 256.0
-    assert scaler._scale is None  # the instance itself is never trained
+    assert scaler.scale_tensor() is None  # the instance itself is never trained
 
 
 def test_grad_scaler_made_for_another_device_moves_to_the_net():
     scaler = ampnet.GradScaler(init_scale=256.0)
-    scaler._device = "cuda"  # as if made on a GPU machine (its scale tensor is made lazily)
+    scaler._ampnet_device = "cuda"  # as if made on a GPU machine (its scale tensor is made lazily)
     net = AmpNetClassifier(Tiny, amp_enabled=True, amp_dtype="float16", grad_scaler=scaler,
                            max_epochs=1, batch_size=16, train_split=None, verbose=0)
     with pytest.warns(ampnet.AmpWarning, match="float16 autocast on CPU"):
         net.fit(*data())
-    assert net.grad_scaler_._device == "cpu" and net.grad_scaler_.get_scale() == 256.0
-    assert net.grad_scaler_._scale.device.type == "cpu"
-    assert scaler._device == "cuda"  # the hyper-parameter is unchanged
+    assert net.grad_scaler_.device == "cpu" and net.grad_scaler_.get_scale() == 256.0
+    assert net.grad_scaler_.scale_tensor().device.type == "cpu"
+    assert scaler.device == "cuda"  # the hyper-parameter is unchanged
 
 
 @pytest.mark.gpu
@@ -136,7 +136,7 @@ def test_cpu_made_grad_scaler_moves_to_a_cuda_net():
     net = AmpNetClassifier(Tiny, device="cuda", amp_enabled=True, amp_dtype="float16",
                            grad_scaler=scaler, max_epochs=1, batch_size=16, train_split=None, verbose=0)
     net.fit(*data())
-    assert net.grad_scaler_._scale.device.type == "cuda"
+    assert net.grad_scaler_.scale_tensor().device.type == "cuda"
     assert net.history[0, "batches", 0, "loss_scale"] == 256.0
 
 

@@ -549,7 +549,7 @@ class CopyMidStep(Callback):
 
     def on_grad_computed(self, net, named_parameters, batch=None, training=False, **kwargs):
         if self.copies_ is None and len(net.history[-1, "batches"]) == 2:
-            assert net.grad_scaler_._per_optimizer_states  # really mid-step
+            assert net.grad_scaler_.step_pending  # really mid-step
             self.copies_ = (net.grad_scaler_.get_scale(), pickle.dumps(net), copy.deepcopy(net))
 
 
@@ -561,7 +561,7 @@ def test_pickle_and_deepcopy_from_inside_a_callback_mid_step(data):
     scale, pickled, deep = grab.copies_
     for copy_ in (pickle.loads(pickled), deep):
         assert copy_.grad_scaler_.get_scale() == scale
-        assert not copy_.grad_scaler_._per_optimizer_states
+        assert not copy_.grad_scaler_.step_pending
         assert copy_.predict_proba(data[0]).dtype == np.float32
         quietly(copy_.partial_fit, *data)
         assert all(bool(torch.isfinite(p).all()) for p in copy_.module_.parameters())
@@ -574,19 +574,19 @@ def test_net_pickled_on_cuda_loads_and_predicts_on_cpu(fitted, data, monkeypatch
     on_cuda.device = "cuda"
     prec = on_cuda.precision_
     prec.settings = dataclasses.replace(prec.settings, policy=dataclasses.replace(prec.policy, device_type="cuda"))
-    on_cuda.grad_scaler_._device = "cuda"
+    on_cuda.grad_scaler_._ampnet_device = "cuda"  # as if made on a GPU (its tensors travel as values)
     data_bytes = pickle.dumps(on_cuda)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.warns(DeviceWarning, match="(?i)cuda"):
         net = pickle.loads(data_bytes)
     assert torch.device(net.device).type == "cpu"
     assert net.precision_policy_.device_type == "cpu"
-    assert net.grad_scaler_._device == "cpu"
+    assert net.grad_scaler_.device == "cpu"
     assert net.grad_scaler_.state_dict() == fitted.grad_scaler_.state_dict()
     proba = net.predict_proba(data[0])
     assert proba.dtype == np.float32 and np.array_equal(proba, fitted.predict_proba(data[0]))
     quietly(net.partial_fit, *data)
-    assert net.grad_scaler_._scale.device.type == "cpu"
+    assert net.grad_scaler_.scale_tensor().device.type == "cpu"
 
 
 # ---- RNG --------------------------------------------------------------------
