@@ -23,7 +23,8 @@ from sklearn.preprocessing import StandardScaler
 
 from ampnet import AmpNetClassifier
 from ampnet.exceptions import AmpWarning
-from ampnet.precision import cpu_has_native_bf16, is_auto
+from ampnet.params import is_auto
+from ampnet.precision import cpu_has_native_bf16
 
 
 class DigitsMLP(torch.nn.Module):

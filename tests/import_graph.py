@@ -21,7 +21,7 @@ LAYERS = (
     ("precision", ("ampnet.precision",)),
     ("params", ("ampnet.params",)),
     ("components", ("ampnet.step", "ampnet.parallel", "ampnet.output_checks", "ampnet.no_effect", "ampnet.flight",
-                    "ampnet.diagnosis", "ampnet.net_state", "ampnet.report", "ampnet.io.atomic", "ampnet.io.files",
+                    "ampnet.diagnosis", "ampnet.net_state", "ampnet.report", "ampnet.user_inputs", "ampnet.io.atomic", "ampnet.io.files",
                     "ampnet.io.kinds", "ampnet.io.lock", "ampnet.io.optimizer_state", "ampnet.io.reading",
                     "ampnet.io.rng", "ampnet.io.rollback", "ampnet.io.scheduler_fields", "ampnet.io.schedulers",
                     "ampnet.io.legacy", "ampnet.io")),
