@@ -98,10 +98,15 @@ def _refuse(name: str, value: Any, expected: str, fix: str, error: type = ValueE
     return error(f"{name} must be {expected}; got {describe(value)}. Fix: {fix}")
 
 
-def _choice(name: str, choices: tuple[Any, ...], fix: str) -> Callable[[Any], Any]:
+def _choice(name: str, choices: tuple[Any, ...], fix: str, error: type = ValueError) -> Callable[[Any], Any]:
     """A check for a value among ``choices`` (booleans as Python or numpy
-    booleans; strings whatever their case and surrounding spaces)."""
-    shown = ", ".join(repr(c) for c in choices)
+    booleans; strings whatever their case and surrounding spaces); a
+    refusal raises ``error`` (0.3's type for the parameter)."""
+    listed = [repr(c) for c in choices]
+    if any(c is True or c is False for c in choices):  # "True, False or 'auto'"
+        shown = ", ".join(listed[:-1]) + " or " + listed[-1]
+    else:  # "one of 'mixed', 'pure'"
+        shown = "one of " + ", ".join(listed)
 
     def check(value: Any) -> Any:
         if is_bool(value) and any(c is True or c is False for c in choices):
@@ -111,7 +116,7 @@ def _choice(name: str, choices: tuple[Any, ...], fix: str) -> Callable[[Any], An
             for c in choices:
                 if isinstance(c, str) and c == key:
                     return c
-        raise _refuse(name, value, f"one of {shown}", fix)
+        raise _refuse(name, value, shown, fix, error)
 
     return check
 
@@ -204,7 +209,8 @@ _ROWS = [
     _row("amp_master_weights", True,
          _choice("amp_master_weights", (True, False, "compensated"),
                  "amp_master_weights=True (float32 masters, the default), False (the optimizer updates the "
-                 "low-precision weights) or 'compensated' (a low-precision compensation buffer, no float32 copy)."),
+                 "low-precision weights) or 'compensated' (a low-precision compensation buffer, no float32 copy).",
+                 TypeError),
          (LAYOUT,), auto_input=True, amp_only=True,
          doc="'pure' only: float32 master copies (True), none (False) or 'compensated' (Kahan)"),
     _row("amp_fp32_modules", None, _selectors("amp_fp32_modules"), (LAYOUT,), amp_only=True,
