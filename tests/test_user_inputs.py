@@ -7,7 +7,11 @@ import torch
 
 from ampnet import AmpNetClassifier, AmpNetRegressor
 
-pd = pytest.importorskip("pandas")
+
+@pytest.fixture
+def pd():
+    """pandas, for the DataFrame tests (the 1-D y tests run without it)."""
+    return pytest.importorskip("pandas")
 
 
 class Linear(torch.nn.Module):
@@ -30,7 +34,7 @@ class ByColumn(torch.nn.Module):
         return self.lin(torch.cat([age, income], dim=1).float())
 
 
-def frame(n=64, seed=0):
+def frame(pd, n=64, seed=0):
     rng = np.random.RandomState(seed)
     X = pd.DataFrame({"f0": rng.randn(n), "f1": rng.randint(0, 5, n), "f2": rng.randn(n) > 0})
     y = pd.Series((X["f0"] > 0).astype("int64"))
@@ -44,10 +48,10 @@ def classifier(module=Linear, **kw):
 
 
 @pytest.mark.parametrize("amp", [False, True])
-def test_a_numeric_dataframe_trains_as_its_float32_array(amp):
+def test_a_numeric_dataframe_trains_as_its_float32_array(amp, pd):
     """A DataFrame of float, int and bool columns trains bitwise as
     X.to_numpy(dtype='float32') does (skorch: "unexpected keyword argument 'f0'")."""
-    X, y = frame()
+    X, y = frame(pd)
     extra = dict(amp_enabled=True, amp_dtype="bfloat16") if amp else {}
     from_frame = classifier(**extra).fit(X, y)
     from_array = classifier(**extra).fit(X.to_numpy(dtype="float32"), np.array(y))
@@ -61,15 +65,15 @@ def test_a_numeric_dataframe_trains_as_its_float32_array(amp):
     assert net.predict_proba(X).shape == (32, 2)
 
 
-def test_partial_fit_takes_a_dataframe_too():
-    X, y = frame()
+def test_partial_fit_takes_a_dataframe_too(pd):
+    X, y = frame(pd)
     net = classifier()
     net.partial_fit(X, y)
     assert len(net.history) == 2  # max_epochs
 
 
-def test_a_dataframe_with_text_columns_is_refused_with_the_fix():
-    X, y = frame(16)
+def test_a_dataframe_with_text_columns_is_refused_with_the_fix(pd):
+    X, y = frame(pd, 16)
     X["city"] = ["Oslo", "Lima"] * 8
     with pytest.raises(ValueError) as info:
         classifier(Linear, module__n_in=4).fit(X, y)
@@ -79,9 +83,9 @@ def test_a_dataframe_with_text_columns_is_refused_with_the_fix():
     assert "f0" not in text  # the numeric columns are not named
 
 
-def test_a_pandas_target_for_a_regressor():
+def test_a_pandas_target_for_a_regressor(pd):
     """A DataFrame y (skorch cannot batch it: default_collate refuses a Series) trains as its array."""
-    X, _ = frame()
+    X, _ = frame(pd)
     y = pd.DataFrame({"t": X["f0"] * 2.0})
     torch.manual_seed(0)
     net = AmpNetRegressor(Linear, module__n_out=1, max_epochs=1, train_split=None, verbose=0).fit(X, y)

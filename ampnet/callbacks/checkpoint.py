@@ -28,6 +28,7 @@ from skorch.utils import noop
 
 from ampnet.exceptions import amp_warn
 from ampnet.io.atomic import is_path
+from ampnet.io.lock import REFRESH_EVERY_S, DirectoryLock
 from ampnet.io.persistence import PersistenceMixin, checkpoint_files, resolve_checkpoint
 from ampnet.io.schedulers import (
     check_lr_scheduler_states,
@@ -118,6 +119,7 @@ class Checkpoint(SkorchCheckpoint):
 
     def on_train_begin(self, net: Any, **kwargs: Any) -> None:
         _check_net(net, type(self).__name__)
+        self._lock_directory()
         later = _epoch_schedulers_after(net, self)
         if later and (self.f_optimizer is not None or self.f_lr_schedulers is not None):
             amp_warn(
@@ -140,12 +142,45 @@ class Checkpoint(SkorchCheckpoint):
         net.save_params(**files, use_safetensors=self.use_safetensors)
 
     def on_train_end(self, net: Any, **kwargs: Any) -> None:
-        if not self.load_best or self.monitor is None:
+        try:
+            if not self.load_best or self.monitor is None:
+                return
+            self._sink("Loading best checkpoint after training.", net.verbose)
+            without_rng = copy.copy(self)
+            without_rng.f_rng_state = None
+            without_rng.__dict__.pop("fit_lock_", None)
+            net.load_params(checkpoint=without_rng, use_safetensors=self.use_safetensors)
+        finally:
+            self._unlock_directory()
+
+    def on_batch_end(self, net: Any, **kwargs: Any) -> None:
+        lock = self.__dict__.get("fit_lock_")
+        if lock is not None:
+            lock.refresh(every=REFRESH_EVERY_S)  # live for other hosts during long epochs
+
+    def _lock_directory(self) -> None:
+        """Take the lock of ``dirname`` for the fit (see :mod:`ampnet.io.lock`):
+        a second run that shares the folder is refused here, before it
+        trains, with :class:`ampnet.exceptions.DirectoryLockedError`. A lock
+        this callback still holds (a fit that raised: skorch skips
+        ``on_train_end`` then) is kept."""
+        lock = self.__dict__.get("fit_lock_")
+        if lock is not None and lock.held:
+            lock.refresh()
             return
-        self._sink("Loading best checkpoint after training.", net.verbose)
-        without_rng = copy.copy(self)
-        without_rng.f_rng_state = None
-        net.load_params(checkpoint=without_rng, use_safetensors=self.use_safetensors)
+        directory = os.path.realpath(self.dirname or ".")
+        os.makedirs(directory, exist_ok=True)
+        self.fit_lock_ = DirectoryLock(directory, scope="fit").acquire()
+
+    def _unlock_directory(self) -> None:
+        lock = self.__dict__.pop("fit_lock_", None)
+        if lock is not None:
+            lock.release()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.pop("fit_lock_", None)  # a copy (pickle, clone) holds no lock
+        return state
 
 
 class TrainEndCheckpoint(SkorchTrainEndCheckpoint):

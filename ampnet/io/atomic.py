@@ -304,7 +304,9 @@ def recover(directories: Iterable[str]) -> None:
       If a journal exists but is not one that ampnet wrote: not UTF-8
       JSON, other keys or types, or an entry that is not a rename from an
       ampnet temporary file to its target in the journal's own directory.
-      Nothing is changed then.
+      Nothing is changed then. Also, naming the journal, the file and the
+      fix, when a rename fails (a read-only folder): the files are then
+      part old, part new save, and a load must not read them.
     """
     for directory in sorted({os.path.abspath(d or ".") for d in directories}):
         path = os.path.join(directory, JOURNAL_NAME)
@@ -312,10 +314,27 @@ def recover(directories: Iterable[str]) -> None:
         if moves is None:
             continue
         for temp, final in moves:
-            with contextlib.suppress(FileNotFoundError):  # already renamed
+            try:
                 os.replace(os.path.join(directory, temp), os.path.join(directory, final))
+            except FileNotFoundError:  # already renamed
+                continue
+            except OSError as exc:  # a read-only folder: the save cannot be completed
+                raise _pending_error(path, final, exc) from exc
         _remove_quietly(path)
         _fsync_dir(directory)
+
+
+def _pending_error(journal: str, final: str, exc: OSError) -> ValueError:
+    """The error for a pending save that cannot be completed."""
+    cause = exc.strerror or str(exc) or type(exc).__name__
+    return ValueError(
+        f"The checkpoint in {os.path.dirname(journal)!r} holds a save that a stopped process "
+        f"left pending (journal {journal!r}), and it cannot be completed: renaming its "
+        f"temporary file to {final!r} failed ({type(exc).__name__}: {cause}; the folder "
+        "is read-only?). Its files are the old and the new save mixed, so nothing was "
+        "loaded. Fix: make the folder writable and load again (the save is then "
+        "completed), or copy the folder to a writable place and load from the copy."
+    )
 
 
 def _remove_orphans(finals: Iterable[str]) -> None:

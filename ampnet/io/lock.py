@@ -16,6 +16,15 @@ A lock whose writer is gone is stale and is taken over:
   for :data:`STALE_AFTER_S` seconds (a writer refreshes it after every
   file).
 
+A :class:`ampnet.callbacks.checkpoint.Checkpoint` takes the lock of its
+directory for the whole fit (``scope="fit"``: at ``on_train_begin``,
+released at ``on_train_end``), so that a second run sharing the folder is
+refused before it trains instead of overwriting the first run's
+checkpoints or failing after an epoch. The saves of the fit's own process
+go ahead under it. skorch does not call ``on_train_end`` when ``fit``
+raises: the lock of a fit that raised stays until the next fit of the same
+process takes it over, or the process ends (then it is stale, as above).
+
 Loads do not take the lock (a load only reads, and completes a committed
 save's renames, which is safe alongside its writer).
 """
@@ -34,7 +43,10 @@ from typing import Any, Iterator
 from ampnet.exceptions import DirectoryLockedError
 from ampnet.io.kinds import LOCK_MAX_BYTES
 
-__all__ = ["LOCK_NAME", "STALE_AFTER_S", "DirectoryLockedError", "DirectoryLock", "directory_locks"]
+__all__ = [
+    "LOCK_NAME", "STALE_AFTER_S", "REFRESH_EVERY_S", "DirectoryLockedError", "DirectoryLock",
+    "directory_locks",
+]
 
 #: Name of the lock file in a directory being written.
 LOCK_NAME = ".ampnet-lock"
@@ -43,7 +55,13 @@ LOCK_NAME = ".ampnet-lock"
 #: was not refreshed is stale.
 STALE_AFTER_S = 600.0
 
+#: Seconds between refreshes of a lock held for a whole fit (well below
+#: :data:`STALE_AFTER_S`, so that other hosts see it live).
+REFRESH_EVERY_S = 60.0
+
 _VERSION = 1
+
+_SCOPES = ("save", "fit")
 
 
 def _holder_of(path: str) -> dict[str, Any] | None:
@@ -98,11 +116,23 @@ class DirectoryLock:
       The directory (an existing one).
     """
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, scope: str = "save") -> None:
+        if scope not in _SCOPES:
+            raise ValueError(f"DirectoryLock scope must be one of {_SCOPES}, got {scope!r}.")
         self.directory = directory
+        self.scope = scope
         self.path = os.path.join(directory, LOCK_NAME)
         self.token = uuid.uuid4().hex
         self.held = False
+        self.borrowed = False
+        self.refreshed = 0.0
+
+    def _own_fit_lock(self, holder: dict[str, Any] | None) -> bool:
+        """Whether ``holder`` is a fit's lock taken by this process."""
+        return (
+            holder is not None and holder.get("scope") == "fit" and holder["pid"] == os.getpid()
+            and holder["host"] == socket.gethostname()
+        )
 
     def acquire(self) -> "DirectoryLock":
         """Take the lock, taking over a stale one.
@@ -114,15 +144,23 @@ class DirectoryLock:
         """
         content = json.dumps({
             "ampnet_lock_version": _VERSION, "pid": os.getpid(), "host": socket.gethostname(),
-            "token": self.token, "since": time.time(),
+            "token": self.token, "since": time.time(), "scope": self.scope,
         }).encode()
         for _ in range(3):
             if self._create(content):
                 self.held = True
+                self.refreshed = time.monotonic()
                 return self
             holder = _holder_of(self.path)
             if not os.path.lexists(self.path):
                 continue  # released meanwhile
+            if self._own_fit_lock(holder):
+                if self.scope == "save":  # a save of the fit that holds the directory
+                    self.borrowed = True
+                    return self
+                # a fit of this process that raised (skorch skips on_train_end then)
+                self._break(holder)
+                continue
             if not _is_stale(self.path, holder):
                 raise self._locked_error(holder)
             self._break(holder)
@@ -172,14 +210,18 @@ class DirectoryLock:
         with contextlib.suppress(OSError):
             os.remove(aside)
 
-    def refresh(self) -> None:
-        """Mark the lock as in use (its age tells other hosts it is live)."""
-        if self.held:
+    def refresh(self, every: float = 0.0) -> None:
+        """Mark the lock as in use (its age tells other hosts it is live),
+        if ``every`` seconds passed since the last time."""
+        if (self.held or self.borrowed) and time.monotonic() - self.refreshed >= every:
+            self.refreshed = time.monotonic()
             with contextlib.suppress(OSError):
                 os.utime(self.path)
 
     def release(self) -> None:
-        """Remove the lock file if it is still this writer's."""
+        """Remove the lock file if it is still this writer's (a borrowed
+        one stays with the fit that holds it)."""
+        self.borrowed = False
         if not self.held:
             return
         self.held = False
@@ -196,13 +238,20 @@ class DirectoryLock:
             when = (time.strftime(" since %H:%M:%S", time.localtime(since))
                     if isinstance(since, (int, float)) else "")
             who = f"process {holder['pid']} on host {holder['host']!r}{when}"
+        doing = (
+            "is training with a Checkpoint there" if holder is not None
+            and holder.get("scope") == "fit" else "is saving there"
+        )
+        what = (
+            f"Cannot train with a Checkpoint in {self.directory!r}" if self.scope == "fit"
+            else f"Cannot save into {self.directory!r}"
+        )
         return DirectoryLockedError(
-            f"Cannot save into {self.directory!r}: {who} is saving there (lock file "
-            f"{self.path!r}). ampnet allows one writer per directory, so that one writer "
-            "never replaces or removes the other's files. Nothing was written. Fix: give "
-            "each run its own directory (Checkpoint(dirname=...)); if no other process "
-            f"writes there, remove {LOCK_NAME!r} (it is also taken over once its writer is "
-            f"gone, or after {STALE_AFTER_S:.0f} s for a writer on another host)."
+            f"{what}: {who} {doing} (lock file {self.path!r}). ampnet allows one writer per "
+            "directory, so that one run never replaces or removes the other's files. Nothing "
+            "was written. Fix: give each run its own directory (Checkpoint(dirname=...)); if "
+            f"no other process writes there, remove {LOCK_NAME!r} (it is also taken over once "
+            f"its writer is gone, or after {STALE_AFTER_S:.0f} s for a writer on another host)."
         )
 
 
