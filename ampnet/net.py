@@ -38,7 +38,7 @@ from ampnet.warning_site import SITE_ATTRIBUTE, user_site
 from ampnet.flight import nonfinite_loss_message
 from ampnet.net_repr import add_amp_params
 from ampnet.output_checks import check_loss_inputs, check_loss_value
-from ampnet.user_inputs import prepare_fit_inputs
+from ampnet.user_inputs import prepare_fit_inputs, prepare_input
 from ampnet.conversion import ConversionMixin
 from ampnet.io.persistence import PersistenceMixin
 from ampnet.parallel import Parallel
@@ -200,6 +200,12 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
             epochs = epochs_to_run(self)  # LoadInitState(resume="total")
         with self.parallel_.fitting():
             return super().fit_loop(X, y, epochs=epochs, **fit_params)
+
+    def forward_iter(self, X, training=False, device="cpu"):
+        """skorch's ``forward_iter``; a pandas DataFrame ``X`` is read as
+        ``fit`` reads it (``ampnet.user_inputs``), so ``predict``,
+        ``predict_proba`` and ``score`` take what ``fit`` took."""
+        return super().forward_iter(prepare_input(self, X), training=training, device=device)
 
     def get_iterator(self, dataset, training=False):
         parallel = self.__dict__.get("parallel_")

@@ -134,7 +134,8 @@ def prepare_input(net: Any, X: Any) -> Any:
             "those columns as numbers (e.g. sklearn.preprocessing.OneHotEncoder or OrdinalEncoder in "
             "a sklearn.compose.ColumnTransformer, in a Pipeline before the net), then pass "
             "X.to_numpy(dtype='float32'); or write forward to take the columns as keyword arguments.")
-    return X.to_numpy(dtype=np.float32, na_value=np.nan)
+    # a writable copy: pandas' copy-on-write may hand out a read-only view, which torch warns about
+    return np.array(X.to_numpy(dtype=np.float32, na_value=np.nan), copy=True)
 
 
 def _prepare_target(y: Any) -> Any:
