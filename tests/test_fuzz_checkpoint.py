@@ -4,7 +4,9 @@ Many randomly corrupted versions of each checkpoint file (truncated,
 bit-flipped, overwritten, wrong-typed or missing fields, foreign files: a
 file of another slot or of another run), every numeric field set to
 extremes (0, -1, int32 and int64 bounds, subnormals, float32/float64
-bounds, NaN, infinities), special files and links in each file's place
+bounds, NaN, infinities, ints beyond float range), tensors without values
+(meta), torch's legacy format (as written, corrupted, and declaring a
+storage larger than the file), special files and links in each file's place
 (a FIFO, a socket, a directory, links to /dev/zero, to a valid copy outside
 the folder, to one inside it, and dangling ones) and planted journals are
 loaded in one subprocess, with a data-size limit and a per-case alarm so
@@ -52,7 +54,7 @@ CASE_ALARM_S = 20
 EXTREMES = (
     0, -1, 1, 2**31 - 1, 2**31, -(2**31), 2**53 + 1, 2**63 - 1, -(2**63),
     0.0, -0.0, -1.0, 5e-324, 1.1754943508222875e-38, 3.4028234663852886e38, 1e308, -1e308,
-    float("nan"), float("inf"), float("-inf"),
+    float("nan"), float("inf"), float("-inf"), 10**400, -(10**400),
 )
 
 # slot -> file name, as Checkpoint(dirname=...) saves them
@@ -105,6 +107,10 @@ def test_fuzzed_checkpoints_load_or_are_refused_without_changing_the_net(tmp_pat
     for kind in ("fifo", "socket", "directory", "dev-zero", "link-out"):
         assert by_kind[kind] == {"refused": len(FILES), "loaded": 0}, (kind, by_kind[kind])
     assert by_kind["link-in"] == {"refused": 0, "loaded": len(FILES)}
+    # torch's legacy format loads; a storage declaring more than the file holds is refused
+    assert by_kind["legacy"] == {"refused": 0, "loaded": 5}, by_kind["legacy"]
+    assert by_kind["legacy-bomb"]["refused"] >= 3 and by_kind["legacy-bomb"]["loaded"] == 0
+    assert sum(by_kind["legacy-corrupt"].values()) == 20
     assert sum(by_kind["dangling"].values()) == len(FILES)
     # the CI budget is 30 s of wall-clock time on an idle machine; CPU time is what a
     # shared machine can measure
@@ -457,9 +463,13 @@ def _worker(workdir, result_path, seed):
             {"a": None},
             "../../victim.txt",
             [[[[]]]],
+            10**400,
+            [-(10**400)],
         ]
         if not json_only:
             pool += [
+                torch.empty((), device="meta"),
+                torch.empty(3, device="meta"),
                 torch.tensor(7),
                 torch.zeros(3),
                 torch.tensor([float("nan")]),
@@ -487,7 +497,7 @@ def _worker(workdir, result_path, seed):
                 t.zero_()
             return t.reshape(-1)
         if choice == 1:
-            return torch.zeros_like(t)
+            return torch.zeros_like(t) if rng.random() < 0.8 else t.to("meta")
         if choice == 2:
             return t.to(
                 rng.choice(
@@ -601,7 +611,8 @@ def _worker(workdir, result_path, seed):
 
                 obj = mutate_structure(dict(sorted(load(original).items())), json_only=False)
                 tensors = (
-                    {str(k): v for k, v in obj.items() if isinstance(v, torch.Tensor)}
+                    {str(k): v for k, v in obj.items()  # safetensors cannot write meta tensors
+                     if isinstance(v, torch.Tensor) and v.device.type != "meta"}
                     if isinstance(obj, dict)
                     else {}
                 )
@@ -675,7 +686,7 @@ def _worker(workdir, result_path, seed):
         flat = tensor.reshape(-1)
         try:
             flat[index] = value
-        except (RuntimeError, OverflowError, TypeError):
+        except (RuntimeError, OverflowError, TypeError, ValueError):  # 10**400 in a tensor
             return False
         obj[key] = flat.reshape(tensor.shape)
         return True
@@ -706,6 +717,52 @@ def _worker(workdir, result_path, seed):
 
     for slot in FILES:
         fuzz_extremes(slot, n_fields=12, per_field=2)
+
+    # ---- torch's legacy format (torch < 1.6) -------------------------------------
+
+    def legacy_bytes(obj):
+        import io
+
+        buffer = io.BytesIO()
+        torch.save(obj, buffer, _use_new_zipfile_serialization=False)
+        return buffer.getvalue()
+
+    def legacy_bomb(data):
+        """``data`` (a legacy file) with its first storage declaring 10**12
+        elements: the element count is the opcode after the location."""
+        import io
+        import pickletools
+
+        f = io.BytesIO(data)
+        for _ in range(3):  # magic, protocol, system info
+            for _ in pickletools.genops(f):
+                pass
+        ops = list(pickletools.genops(f))
+        for (op, arg, pos), (_, _, after) in zip(ops, ops[1:]):
+            if op.name in ("BINUNICODE", "SHORT_BINUNICODE") and arg in ("cpu", "cuda:0"):
+                numel_end = next(p for (_, _, p) in ops if p > after)
+                huge = (10**12).to_bytes(6, "little")
+                return data[:after] + b"\x8a" + bytes([len(huge)]) + huge + data[numel_end:]
+        return None  # no storage (an empty criterion state, a scaler state of floats)
+
+    import io as _io
+
+    for slot in ("f_params", "f_optimizer", "f_criterion", "f_grad_scaler", "f_rng_state"):
+        path = os.path.join(ckpt, FILES[slot])
+        original = open(os.path.join(pristine, FILES[slot]), "rb").read()
+        legacy = legacy_bytes(torch.load(_io.BytesIO(original), weights_only=True))
+        reset(pristine)
+        write(path, legacy)
+        run_case(slot, "legacy", path)
+        bomb = legacy_bomb(legacy)
+        if bomb is not None:
+            reset(pristine)
+            write(path, bomb)
+            run_case(slot, "legacy-bomb", path)
+        for kind in ("truncate", "bitflip", "overwrite", "append"):
+            reset(pristine)
+            write(path, bytes_corruption(legacy, kind))
+            run_case(slot, "legacy-corrupt", path)
 
     # ---- special files and links in each file's place ------------------------------
 
