@@ -33,8 +33,7 @@ from ampnet.auto.fp32_modules import resolve_fp32_modules
 from ampnet.auto.probe import CopyFailed, run_probe
 from ampnet.auto.saved import enabled_choice, fp32_choice, plan_choices, write_choices
 from ampnet.exceptions import amp_warn
-from ampnet.io.files import checkpoint_files, read_state
-from ampnet.io.kinds import max_bytes
+from ampnet.io.files import checkpoint_files, read_params_file
 from ampnet.net_state import all_or_nothing
 from ampnet.params import is_auto, pending_params
 
@@ -103,7 +102,7 @@ def _resolve_enabled(net: Any, X: Any, y: Any, saved: Any, source: str | None, *
 def _resume_state(net: Any) -> tuple[Any, str | None]:
     """The module state (and the file's description) of the checkpoint that
     a ``LoadInitState`` callback will load, read through the checked reader
-    of every load (:func:`ampnet.io.files.read_state`); ``(None, None)``
+    of every load (:func:`ampnet.io.files.read_params_file`); ``(None, None)``
     where there is none, or one that ``LoadInitState`` will refuse with its
     own error."""
     for _, cb in net.callbacks_:
@@ -114,7 +113,7 @@ def _resume_state(net: Any) -> tuple[Any, str | None]:
             if path is None or not isinstance(path, (str, bytes)) and not hasattr(path, "__fspath__"):
                 continue
             source = f"f_params={str(path)!r}"
-            state = read_state(path, source, False, "cpu", {"weights_only": True}, max_bytes("f_params"))
+            state = read_params_file(path, source)
         except (OSError, ValueError):  # no checkpoint yet, or one LoadInitState will refuse
             continue
         return state, source
