@@ -256,7 +256,7 @@ def update_page(text: str, data: dict[str, Any]) -> str:
         pattern = re.compile(rf"^{re.escape(begin)}\n.*?^{re.escape(end)}$", re.M | re.S)
         if not pattern.search(text):
             raise ValueError(f"the page has no markers for {name!r}: {begin!r} ... {end!r}")
-        block = "\n".join([begin, *body, end])
+        block = "\n".join([begin, *body, "", end])  # a blank line ends a table before the marker
         text = pattern.sub(lambda m: block, text)
     return text
 
