@@ -420,17 +420,17 @@ def test_best_loop_steps_a_fused_optimizer_under_autocast():
 
 
 def test_ampnet_auto_contender_includes_its_probe(monkeypatch):
-    from ampnet.precision import autotune_probe as autotune
+    from ampnet.auto import probe
     from ampnet_bench import contenders
 
-    real = autotune.run_probe
+    real = probe.run_probe
 
     def slow_probe(*args, **kwargs):
         result = real(*args, **kwargs)
         result.probe_s = 100.0  # a probe of 100 s: 50 s in each of the 2 measured epochs
         return result
 
-    monkeypatch.setattr("ampnet.net_autotune.run_probe", slow_probe)
+    monkeypatch.setattr("ampnet.auto.run_probe", slow_probe)  # the door's name for it
     cfg, wl, data = _tiny(("ampnet-auto",))
     outcome = contenders.run_contender(_contender("ampnet-auto"), wl, data, cfg)
     assert len(outcome.epoch_times) == 2 and all(50.0 < t < 60.0 for t in outcome.epoch_times)

@@ -178,7 +178,8 @@ class AutotuneResult:
       ``'fallback'`` for float32 kept because no probe could run.
 
     note : str or None
-      Why no probe ran (``source='fallback'``).
+      Why no probe ran (``source='fallback'``), or why no candidate was
+      measured (the first training batch is not finite).
     """
 
     params: dict[str, Any]
@@ -231,6 +232,8 @@ class AutotuneResult:
         if not total:
             lines.append(f"probe: no training step timed (nothing left to compare with float32), "
                          f"{self.probe_s:.2f} s.")
+            if self.note:
+                lines.append(self.note)
             return "\n".join(lines)
         lines.append(
             f"probe: {total} training steps of {measured} candidates ({self.warmup} warm-up + up to "
@@ -379,8 +382,8 @@ def choose(table: list[dict[str, Any]], margin: float) -> int:
     base["noisy"] = noisy and best == 0
     for i, row in enumerate(table):
         row["chosen"] = i == best
-        if i == best:
-            row["reason"] = None
+        if i == best:  # a reason why it was not measured stays (the data is not finite)
+            row["reason"] = None if row.get("step_time_s") is not None else row.get("reason")
         elif not row.get("reason"):
             faster = table[best]["step_time_s"]
             row["reason"] = (f"slower than {label(table[best]['params'])}"

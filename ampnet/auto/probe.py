@@ -26,6 +26,7 @@ from ampnet.auto.enabled import (
     _EXTRA_WARMUP, MIN_ROUNDS, SLOWER, AutotuneResult, candidate_params, choose, probe_settings,
 )
 from ampnet.auto.screen import SCREEN_SLOWER, screen_dtypes
+from ampnet._tree import has_nonfinite, iter_tensors
 from ampnet.exceptions import run_quietly
 from ampnet.precision import module_root, remove_regions, remove_state_hooks
 from ampnet.random_state import capture_random_state, kept_random_state
@@ -103,6 +104,26 @@ def _first_batch(net: Any, X: Any, y: Any, **fit_params: Any) -> Any:
             "amp_enabled='auto' needs at least one training sample to measure, but the "
             "training split is empty. Fix: pass training data, or set amp_enabled to True or False."
         ) from None
+
+
+#: The reason of every candidate when the probe's batch holds NaN or inf.
+NONFINITE_BATCH = (
+    "not measured: the first training batch holds NaN or inf, so every candidate's loss would be "
+    "NaN whatever its precision (the data is not finite). Fix: clean the data (e.g. drop or impute "
+    "the NaN/inf rows), or pin amp_enabled=True or False")
+
+
+def _refuse_low_precision_inputs(batch: Any) -> None:
+    """Refuse a batch whose inputs are float16 or bfloat16: float32, the
+    baseline that ``'auto'`` measures and may choose, cannot take them."""
+    inputs = batch[0] if isinstance(batch, (tuple, list)) and len(batch) == 2 else batch
+    low = sorted({str(t.dtype).replace("torch.", "") for t in iter_tensors(inputs)
+                  if t.dtype in (torch.float16, torch.bfloat16)})
+    if low:
+        raise ValueError(
+            f"amp_enabled='auto' got {' and '.join(low)} inputs, which float32 (the baseline it measures, "
+            "and may choose) cannot take: torch refuses them with float32 weights. Fix: pass float32 "
+            "inputs (e.g. X.astype(np.float32)), or pin amp_enabled=True, which runs them under autocast.")
 
 
 class CopyFailed(Exception):
@@ -243,14 +264,15 @@ def _run_probe(net: Any, X: Any, y: Any = None, **fit_params: Any) -> AutotuneRe
     started = time.perf_counter()
     table: list[dict[str, Any]] = []
     live: list[tuple[dict[str, Any], _Candidate]] = []  # rows still timed, float32's first
+    note = None
     with kept_random_state():
         restore_rng = capture_random_state()
         try:
-            _measure(net, X, y, fit_params, settings, timer, restore_rng, table, live)
+            note = _measure(net, X, y, fit_params, settings, timer, restore_rng, table, live)
         finally:
             live.clear()
     best = choose(table, settings["margin"])
-    return AutotuneResult(
+    return AutotuneResult(note=note,
         params=dict(table[best]["params"]), table=table, device=str(device),
         steps=settings["steps"], warmup=settings["warmup"], margin=settings["margin"],
         min_cosine=settings["min_cosine"], probe_s=time.perf_counter() - started,
@@ -259,10 +281,12 @@ def _run_probe(net: Any, X: Any, y: Any = None, **fit_params: Any) -> AutotuneRe
 
 def _measure(net: Any, X: Any, y: Any, fit_params: dict[str, Any], settings: dict[str, Any],
              timer: Callable[[dict, Callable[[], Any]], float], restore_rng: Callable[[], None],
-             table: list[dict[str, Any]], live: list[tuple[dict[str, Any], _Candidate]]) -> None:
+             table: list[dict[str, Any]], live: list[tuple[dict[str, Any], _Candidate]]) -> str | None:
     """Fill ``table`` (one row per candidate) and ``live`` (the candidates
-    built, float32's first)."""
+    built, float32's first); return why nothing was measured where it is
+    the data's fault (the result's ``note``), else None."""
     batch = _first_batch(net, X, y, **fit_params)
+    _refuse_low_precision_inputs(batch)
     candidates = candidate_params(net)
     measurable = [p for p, skip in candidates if not skip]
     rows = []
@@ -270,8 +294,12 @@ def _measure(net: Any, X: Any, y: Any, fit_params: dict[str, Any], settings: dic
         rows.append({"params": params, "step_time_s": None, "healthy": None, "grad_cosine": None,
                      "steps": 0, "gain": None, "spread": None, "reason": skip})
     table.extend(rows)
+    if has_nonfinite(batch):  # every candidate's loss would be NaN: the data's, not the precision's
+        for row in rows:
+            row["reason"] = NONFINITE_BATCH
+        return NONFINITE_BATCH.split(": ", 1)[1]
     if len(measurable) < 2:  # float32 alone: nothing to compare it with
-        return
+        return None
     # 0. float32's copy first; on it, a forward pass per low-precision dtype against
     # float32's: leave out the dtypes that cannot pay off here (emulated ones)
     first = next(i for i, (p, skip) in enumerate(candidates) if not skip)
@@ -347,3 +375,4 @@ def _measure(net: Any, X: Any, y: Any, fit_params: dict[str, Any], settings: dic
                 row.update(healthy=False, reason=(
                     f"unhealthy: gradient cosine similarity with float32 {cos:.4f} < "
                     f"{settings['min_cosine']:g}"))
+    return None
