@@ -522,8 +522,10 @@ def _auto_md(benchmarks: list[dict[str, Any]], workloads: tuple[str, ...]) -> li
             choice = auto.get("auto_choice") if auto else None
             if choice:
                 probe = [p for p in choice["probe_s"] if p is not None]
+                others = sorted(set(choice["per_round"]) - {choice["chosen"]})
                 row.append(f"{choice['chosen']} ({choice['rounds']}/{len(choice['per_round'])} rounds"
-                           + (f", probe {max(probe):.2f} s" if probe else "") + ")")
+                           + (f", probe {max(probe):.2f} s" if probe else "") + ")"
+                           + (f"; other rounds: {', '.join(others)}" if others else ""))
             else:
                 row.append("n/a" if not b else (b["status"] if b["status"] != "ok" else "not run"))
         lines.append(f"| {workload} | " + " | ".join(row) + " |")
