@@ -564,7 +564,20 @@ def _benchmark_md(b: dict[str, Any]) -> list[str]:
 
 
 def render_report(check: dict[str, Any]) -> str:
-    """The check's Markdown report (see :func:`run_check`)."""
+    """The check's Markdown report.
+
+    Parameters
+    ----------
+    check : dict
+      What :func:`run_check` collected (``plan``, ``machine``, ``pytest``,
+      ``syncs``, ``benchmarks``, ``steps``, ``elapsed_s``, ``ok``).
+
+    Returns
+    -------
+    str
+      Sections: Machine (CPU flags, GPU), Steps, pytest -m gpu, Host syncs
+      per training step, What amp_enabled='auto' chose, Benchmark.
+    """
     plan = check["plan"]
     machine = check["machine"]
     from ampnet_bench.report import _machine_md

@@ -18,7 +18,8 @@ from ampnet_bench.workloads import MODEL_DIMS, MODEL_WORKLOADS, WORKLOAD_NAMES
 __all__ = ["build_parser", "check_plan_from_args", "config_from_args", "main"]
 
 _DESCRIPTION = """\
-Train the same model on the same synthetic data with a hand-written PyTorch
+Train the same model (an MLP, a CNN, a transformer encoder, ResNet-18, an
+LSTM, ...) on the same synthetic data with a hand-written PyTorch
 loop (float32 and AMP, the AMP loop twice as an A/A control), skorch's
 NeuralNetClassifier, AmpNet (float32, mixed, pure, compensated pure, fused
 optimizers) and, when installed, skorch + accelerate and Lightning;
@@ -31,6 +32,11 @@ Markdown (stdout and results.md), JSON and a PNG chart.
 _EPILOG = """\
 examples:
   python -m ampnet.benchmark --quick
+  python -m ampnet.benchmark --workload transformer resnet rnn --optimizer adamw --threads 2 --rounds 3 \\
+      --epochs 2 --contenders raw-fp32,raw-amp,raw-amp-aa,raw-amp-fused,ampnet-mixed,ampnet-auto
+  python -m ampnet.benchmark --workload transformer --dims transformer.d_model=128 transformer.n_layers=2
+  python -m ampnet.benchmark --check              # the one-call GPU check (tools/gpu_check.sh)
+  python -m ampnet.benchmark --check --dry-run    # its steps on the CPU at quick sizes
   python -m ampnet.benchmark --workload mlp --threads 2 --out bench-mlp
   python -m ampnet.benchmark --workload mlp cnn --optimizer adamw --threads 2 \\
       --contenders raw-amp,raw-amp-aa,ampnet-mixed,ampnet-pure-comp-fused,lightning

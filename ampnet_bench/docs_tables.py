@@ -17,10 +17,13 @@ import math
 import re
 import textwrap
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from ampnet_bench.contenders import CONTENDERS, HEADLINE_CONTENDERS
 from ampnet_bench.workloads import MODEL_WORKLOADS, get_workload
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = [
     "DOCS_LABELS",
@@ -186,7 +189,18 @@ def _fmt(value: float | None, fmt: str, suffix: str = "") -> str:
 
 
 def table_markdown(entry: dict[str, Any]) -> list[str]:
-    """One workload's table, its A/A spread, auto's choice and its targets, as Markdown lines."""
+    """One workload's table, its A/A spread, auto's choice and its targets.
+
+    Parameters
+    ----------
+    entry : dict
+      One workload of the page's data (:func:`summarize`, :func:`placeholder_data`).
+
+    Returns
+    -------
+    list of str
+      Markdown lines; figures not measured read :data:`PLACEHOLDER` or ``-``.
+    """
     lines = [
         f"{entry['title']}; batch {entry['batch_size']}, {entry['n_samples']} rows "
         f"({entry['n_batches']} batches) per epoch.",
@@ -269,11 +283,25 @@ _COLORS: Mapping[str, str] = MappingProxyType({
 })
 
 
-def build_chart(entry: dict[str, Any], subtitle: str = ""):
-    """One workload's chart as a matplotlib ``Figure``: a horizontal bar per
-    contender, as long as its median time per batch (ms), with whiskers from
-    its fastest to its slowest round and that same number as its label; where
-    nothing is measured, no bars and the words of :data:`PLACEHOLDER`."""
+def build_chart(entry: dict[str, Any], subtitle: str = "") -> "Figure":
+    """One workload's chart: a horizontal bar per contender, as long as its
+    median time per batch (ms), with whiskers from its fastest to its slowest
+    round and that same number as its label; where nothing is measured, no
+    bars and the words of :data:`PLACEHOLDER`.
+
+    Parameters
+    ----------
+    entry : dict
+      One workload of the page's data.
+
+    subtitle : str
+      A second title line (the machine and date of the measurement).
+
+    Returns
+    -------
+    matplotlib.figure.Figure
+      With its own Agg canvas (no pyplot).
+    """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
