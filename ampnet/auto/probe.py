@@ -27,6 +27,7 @@ from ampnet.auto.enabled import (
 )
 from ampnet.auto.screen import SCREEN_SLOWER, screen_dtypes
 from ampnet._tree import has_nonfinite, iter_tensors
+from ampnet.dtypes import LOW_PRECISION_DTYPES
 from ampnet.exceptions import run_quietly
 from ampnet.precision import module_root, remove_regions, remove_state_hooks
 from ampnet.random_state import capture_random_state, kept_random_state
@@ -118,7 +119,7 @@ def _refuse_low_precision_inputs(batch: Any) -> None:
     baseline that ``'auto'`` measures and may choose, cannot take them."""
     inputs = batch[0] if isinstance(batch, (tuple, list)) and len(batch) == 2 else batch
     low = sorted({str(t.dtype).replace("torch.", "") for t in iter_tensors(inputs)
-                  if t.dtype in (torch.float16, torch.bfloat16)})
+                  if t.dtype in LOW_PRECISION_DTYPES})
     if low:
         raise ValueError(
             f"amp_enabled='auto' got {' and '.join(low)} inputs, which float32 (the baseline it measures, "
