@@ -29,7 +29,7 @@ from skorch.callbacks import TrainEndCheckpoint as SkorchTrainEndCheckpoint
 from skorch.dataset import unpack_data
 from torch.utils.data import DistributedSampler
 
-from ampnet.validation import describe, is_bool
+from ampnet.params import check
 
 __all__ = ["Parallel", "DataParallel", "build_parallel"]
 
@@ -248,21 +248,18 @@ def build_parallel(net: Any, closure: bool) -> Parallel:
     """The data-parallel component for ``net.distributed``; ``closure``:
     whether the net steps through skorch's closure path.
 
+    ``net.distributed`` is read through the parameter table
+    (:func:`ampnet.params.check`): ``'AUTO'`` or ``' auto'`` is ``'auto'``,
+    a numpy boolean is a bool.
+
     Raises
     ------
     ValueError
-      An unknown ``distributed`` value, ``True`` without a process group,
-      NCCL with a CPU device, a closure optimizer, or learnable parameters
-      outside ``module_``.
+      An unknown ``distributed`` value (the table's refusal), ``True``
+      without a process group, NCCL with a CPU device, a closure optimizer,
+      or learnable parameters outside ``module_``.
     """
-    mode = net.distributed
-    if is_bool(mode):
-        mode = bool(mode)
-    elif mode != "auto" or not isinstance(mode, str):
-        raise ValueError(
-            f"distributed must be 'auto', True or False; got {describe(mode)}. 'auto' turns it "
-            "on when a torch.distributed process group is initialized."
-        )
+    mode = check("distributed", net.distributed)
     on = _process_group_ready() if mode == "auto" else mode
     if not on:
         return Parallel()

@@ -145,6 +145,19 @@ def test_distributed_true_without_process_group_is_an_error():
         AmpNetClassifier(MLP, distributed="yes").initialize()
 
 
+@pytest.mark.parametrize("value", ["AUTO", " Auto ", "auto"])
+def test_auto_in_any_case_is_auto(monkeypatch, value):
+    """``distributed`` is read through the parameter table, which takes string
+    choices whatever their case: 'AUTO' is off without a process group and on
+    with one (where the closure optimizer is then refused)."""
+    net = AmpNetClassifier(MLP, distributed=value).initialize()
+    assert net.parallel_.ddp is None and net.parallel_.world_size == 1
+    assert net.get_params()["distributed"] == value  # kept as given
+    _fake_gloo(monkeypatch)
+    with pytest.raises(ValueError, match="cannot use skorch's closure path"):
+        AmpNetClassifier(MLP, distributed=value, optimizer=torch.optim.LBFGS).initialize()
+
+
 def test_nccl_with_cpu_device_is_an_error(monkeypatch):
     monkeypatch.setattr(ampdist, "_process_group_ready", lambda: True)
     monkeypatch.setattr(dist, "get_backend", lambda *a: "nccl")
