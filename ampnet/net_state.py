@@ -17,7 +17,8 @@ and loss scale.
 Nothing is copied but containers and the loss scaler's scalar tensors:
 parameter data is kept by reference (the parts that change it replace
 ``.data`` rather than write into it), so a snapshot costs no memory of the
-model's size.
+model's size. A load, which writes into tensors in place, asks for their
+values too (``values=True``).
 """
 
 from __future__ import annotations
@@ -71,11 +72,16 @@ def _attributes(obj: Any, undo: list[_Undo], depth: int = 2) -> None:
         _containers(value, depth, undo)
 
 
-def _tensor_data(t: torch.Tensor, undo: list[_Undo]) -> None:
+def _tensor_data(t: torch.Tensor, undo: list[_Undo], values: bool = False) -> None:
     data, grad, requires_grad = t.data, t.grad, t.requires_grad
+    # a load writes into the tensors in place (load_state_dict copies): keep their values too
+    saved = data.detach().clone() if values and not torch.nn.parameter.is_lazy(t) else None
 
     def restore() -> None:
         t.data = data
+        if saved is not None:
+            with torch.no_grad():
+                data.copy_(saved)
         if t.requires_grad != requires_grad and t.is_leaf:
             t.requires_grad_(requires_grad)
         t.grad = grad
@@ -83,7 +89,7 @@ def _tensor_data(t: torch.Tensor, undo: list[_Undo]) -> None:
     undo.append(restore)
 
 
-def _module(module: torch.nn.Module, undo: list[_Undo], seen: set[int]) -> None:
+def _module(module: torch.nn.Module, undo: list[_Undo], seen: set[int], values: bool = False) -> None:
     for sub in module.modules():
         if id(sub) in seen:
             continue
@@ -92,7 +98,10 @@ def _module(module: torch.nn.Module, undo: list[_Undo], seen: set[int]) -> None:
         for t in [*sub._parameters.values(), *sub._buffers.values()]:
             if isinstance(t, torch.Tensor) and id(t) not in seen:
                 seen.add(id(t))
-                _tensor_data(t, undo)
+                _tensor_data(t, undo, values)
+        if values and type(sub).get_extra_state is not torch.nn.Module.get_extra_state:
+            extra = copy.deepcopy(sub.get_extra_state())
+            undo.append(lambda sub=sub, extra=extra: sub.set_extra_state(extra))
 
 
 def _scaler(scaler: torch.amp.GradScaler, undo: list[_Undo]) -> None:
@@ -113,26 +122,28 @@ def _scaler(scaler: torch.amp.GradScaler, undo: list[_Undo]) -> None:
 def _is_part(value: Any) -> bool:
     """Whether ``value`` is one of the objects a net's set_params or
     initialize may change in place."""
-    if isinstance(value, (torch.nn.Module, torch.optim.Optimizer, torch.amp.GradScaler)):
+    if isinstance(value, (torch.nn.Module, torch.optim.Optimizer, torch.amp.GradScaler,
+                          torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)):
         return True
     module = type(value).__module__ or ""
     return module.split(".")[0] in ("ampnet", "skorch") and hasattr(value, "__dict__") and not isinstance(
         value, type)
 
 
-def _visit(value: Any, undo: list[_Undo], seen: set[int], depth: int = 3) -> None:
-    """Record ``value`` if it is a part, and the parts inside it."""
+def _visit(value: Any, undo: list[_Undo], seen: set[int], depth: int = 3, values: bool = False) -> None:
+    """Record ``value`` if it is a part, and the parts inside it (with
+    ``values``, the values of their tensors too)."""
     if depth < 0 or id(value) in seen or isinstance(value, (str, bytes, int, float, bool, type(None), type)):
         return
     if isinstance(value, torch.nn.Module):
-        _module(value, undo, seen)
+        _module(value, undo, seen, values)
         return
     if isinstance(value, torch.Tensor):
         return
     if isinstance(value, (list, tuple, set, dict)):
         seen.add(id(value))
         for child in (value.values() if isinstance(value, dict) else value):
-            _visit(child, undo, seen, depth - 1)
+            _visit(child, undo, seen, depth - 1, values)
         return
     if not _is_part(value):
         return
@@ -146,10 +157,10 @@ def _visit(value: Any, undo: list[_Undo], seen: set[int], depth: int = 3) -> Non
             for p in group["params"]:
                 if id(p) not in seen:  # float32 masters, or parameters outside the module
                     seen.add(id(p))
-                    _tensor_data(p, undo)
+                    _tensor_data(p, undo, values)
         return
     for child in list(vars(value).values()):
-        _visit(child, undo, seen, depth - 1)
+        _visit(child, undo, seen, depth - 1, values)
 
 
 class NetSnapshot:
@@ -160,21 +171,30 @@ class NetSnapshot:
     them: modules (all submodules' parameters and buffers with their data,
     dtype, strides and gradients, and every hook dict), optimizers
     (parameter groups and state), the loss scaler (settings and scale),
-    callbacks and ampnet's components.
+    callbacks (and the LR schedulers they hold) and ampnet's components.
+
+    This is ampnet's one undo mechanism: ``set_params``, ``initialize``,
+    adopting a choice of ``'auto'`` (:func:`all_or_nothing`) and loads
+    (:func:`ampnet.io.rollback.apply_all`, with ``values``) use it.
 
     Parameters
     ----------
     net : skorch.NeuralNet
       The net to record.
+
+    values : bool (default=False)
+      Also record the values of the tensors reached (parameters, buffers,
+      master weights) and modules' extra state, for changes that write into
+      tensors in place (``load_state_dict``); a copy of the model's size.
     """
 
-    def __init__(self, net: Any) -> None:
+    def __init__(self, net: Any, values: bool = False) -> None:
         self._net = net
         self._undo: list[_Undo] = []
         seen: set[int] = {id(net)}
         _attributes(net, self._undo)
         for value in list(vars(net).values()):
-            _visit(value, self._undo, seen)
+            _visit(value, self._undo, seen, 4, values)
 
     def restore(self) -> None:
         """Put the net and its parts back as they were when recorded."""

@@ -25,7 +25,6 @@ import torch
 
 from ampnet.exceptions import amp_warn
 from ampnet.io.rollback import Step
-from ampnet.net_state import NetSnapshot
 from ampnet.auto.enabled import CHOICE_KEYS, AutotuneResult, label
 from ampnet.params import PARAMS, is_auto
 from ampnet.precision import module_root
@@ -129,10 +128,7 @@ def write_choices(net: Any, state: Any) -> None:
 
 
 def _warn_only(source: str, message: str) -> Step:
-    def nothing() -> Callable[[], None]:
-        return lambda: None
-
-    return Step(source, lambda: None, nothing, message)
+    return Step(source, lambda: None, message)
 
 
 def plan_choices(net: Any, state: Any, source: str) -> list[Step]:
@@ -167,10 +163,6 @@ def plan_choices(net: Any, state: Any, source: str) -> list[Step]:
     return steps
 
 
-def _snapshot(net: Any) -> Callable[[], Callable[[], None]]:
-    return lambda: NetSnapshot(net).restore
-
-
 def _plan_enabled(net: Any, state: Any, source: str) -> Step | None:
     saved, problem = enabled_choice(state)
     if problem:
@@ -193,7 +185,7 @@ def _plan_enabled(net: Any, state: Any, source: str) -> Step | None:
             f"{source} holds the choice of amp_enabled='auto' {label(saved)}, which this net "
             f"cannot use ({problem}); it was ignored, and the net measures its own at its next fit."))
     result = AutotuneResult(params=saved, device=str(net.device), source="loaded")
-    return Step(source, lambda: reconfigure.apply_choice(net, result), _snapshot(net))
+    return Step(source, lambda: reconfigure.apply_choice(net, result))
 
 
 def _plan_fp32(net: Any, names: tuple[str, ...], source: str) -> Step | None:
@@ -201,7 +193,7 @@ def _plan_fp32(net: Any, names: tuple[str, ...], source: str) -> Step | None:
     if prec is None:
         return None
     if prec.auto_pending:
-        return Step(source, lambda: reconfigure.apply_fp32_choice(net, names), _snapshot(net))
+        return Step(source, lambda: reconfigure.apply_fp32_choice(net, names))
     own = prec.layout.auto_fp32_modules if prec.layout is not None else None
     if own is None or set(own) == set(names):
         return None

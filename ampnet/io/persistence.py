@@ -59,15 +59,8 @@ from ampnet.io.files import (
 )
 from ampnet.io.kinds import KINDS, OPTIONAL_FILES, max_bytes
 from ampnet.io.optimizer_state import check_optimizer_state
-from ampnet.io.rng import capture_rng_state, get_rng_state, prepare_rng_state
-from ampnet.io.rollback import (
-    Step,
-    apply_all,
-    snapshot_attribute,
-    snapshot_attributes,
-    snapshot_module,
-    snapshot_optimizer,
-)
+from ampnet.io.rng import get_rng_state, prepare_rng_state
+from ampnet.io.rollback import Step, apply_all
 from ampnet.precision import drop_compensation
 from ampnet.auto import plan_choices, write_choices
 from ampnet.precision import keep_kernels
@@ -385,7 +378,7 @@ class PersistenceMixin:
                 "Checkpoint(f_optimizer=None))."
             )
         steps = self._read_all(files, use_safetensors)
-        apply_all(steps)
+        apply_all(self, steps)
         for step in steps:
             if step.message:
                 amp_warn(step.message)
@@ -447,14 +440,10 @@ class PersistenceMixin:
             source = describe_target(key, target)
             if key == "f_history":
                 rows = read_history(target, source)
-                late.append(Step(
-                    source,
-                    lambda rows=rows: setattr(self, "history", History(rows)),
-                    lambda: snapshot_attribute(self, "history"),
-                ))
+                late.append(Step(source, lambda rows=rows: setattr(self, "history", History(rows))))
             elif key == "f_rng_state":
                 state = read_state(target, source, safetensors, "cpu", safe, max_bytes(key))
-                rng.append(Step(source, prepare_rng_state(state, source).apply, capture_rng_state))
+                rng.append(Step(source, prepare_rng_state(state, source).apply))
             elif key == "f_lr_schedulers":
                 data = read_lr_scheduler_states(target, source)
                 late.append(self._plan_schedulers(data, source))
@@ -476,23 +465,14 @@ class PersistenceMixin:
                     check_module_state(obj, state, source, attr)
                     if attr == "module_":
                         choices = plan_choices(self, state, source)
-                    extra = ()
-                    if attr == "module_":
-                        extra = tuple((getattr(self, "amp_master_params_", None) or {}).values())
-                    snapshot = lambda obj=obj, extra=extra: snapshot_module(obj, extra)  # noqa: E731
                     stale = self._stale_compensation(attr, files)
                     if stale:
-                        modules.append(self._plan_module_without_compensation(obj, state, source, extra, stale))
+                        modules.append(self._plan_module_without_compensation(obj, state, source, stale))
                         continue
                 elif isinstance(obj, torch.optim.Optimizer):
                     state = keep_kernels(obj, state)  # the net's fused/foreach, not the file's
                     check_optimizer_state(obj, state, source, attr)
-                    snapshot = lambda obj=obj: snapshot_optimizer(obj)  # noqa: E731
-                else:
-                    snapshot = lambda obj=obj: snapshot_attributes(obj)  # noqa: E731
-                modules.append(
-                    Step(source, lambda obj=obj, state=state: obj.load_state_dict(state), snapshot)
-                )
+                modules.append(Step(source, lambda obj=obj, state=state: obj.load_state_dict(state)))
 
         late.extend(choices)  # after the module and optimizer states: they carry over
 
@@ -500,9 +480,7 @@ class PersistenceMixin:
             if device != self.device:
                 self.device = device
 
-        device_step = Step(
-            "the device", set_device, lambda: snapshot_attribute(self, "device")
-        )
+        device_step = Step("the device", set_device)
         # the RNG last: nothing after it may draw random numbers
         return [device_step, *modules, *late, *rng]
 
@@ -517,35 +495,21 @@ class PersistenceMixin:
         optimizers = [getattr(self, n + "_", None) for n in self._optimizers]
         return [o for o in optimizers if isinstance(o, torch.optim.Optimizer)]
 
-    def _plan_module_without_compensation(self, module, state, source, extra, optimizers) -> Step:
+    def _plan_module_without_compensation(self, module, state, source, optimizers) -> Step:
         def apply() -> None:
             module.load_state_dict(state)
             for optimizer in optimizers:
                 drop_compensation(optimizer)
 
-        def snapshot() -> Callable[[], None]:
-            restores = [snapshot_module(module, extra), *map(snapshot_optimizer, optimizers)]
-            return lambda: [restore() for restore in restores] and None
-
-        return Step(source, apply, snapshot)
+        return Step(source, apply)
 
     def _plan_schedulers(self, data: dict[str, Any], source: str) -> Step:
-        apply, notes, changed = plan_lr_schedulers(self, data, source)
-
-        def snapshot() -> Callable[[], None]:
-            restores = [snapshot_attributes(obj) for pair in changed for obj in pair]
-
-            def restore() -> None:
-                for restore_one in restores:
-                    restore_one()
-
-            return restore
-
+        apply, notes, _ = plan_lr_schedulers(self, data, source)
         message = (
             f"Learning-rate schedulers not restored from {source}: " + "; ".join(notes) + "."
             if notes else None
         )
-        return Step(source, apply, snapshot, message)
+        return Step(source, apply, message)
 
     def _plan_grad_scaler(self, state: Any, source: str) -> Step:
         """Check a scaler state against this net's scaler; return the step
@@ -554,11 +518,10 @@ class PersistenceMixin:
         See the table in ``ampnet.io.persistence`` for each precision pair.
         """
         scaler = self.grad_scaler_
-        snapshot = lambda: snapshot_attributes(scaler)  # noqa: E731
         if not scaler.is_enabled():
             if isinstance(state, Mapping) and not state:
                 # no scaler state on either side
-                return Step(source, lambda: None, lambda: (lambda: None))
+                return Step(source, lambda: None)
             validate_scaler_state(state, source)
             policy = self.precision_policy_
             message = (
@@ -568,7 +531,7 @@ class PersistenceMixin:
                 "else was). This is expected when switching from float16 to bfloat16 or "
                 "float32; pass f_grad_scaler=None to load without this warning."
             )
-            return Step(source, lambda: None, lambda: (lambda: None), message)
+            return Step(source, lambda: None, message)
         validate_scaler_state(state, source)
         own = scaler.state_dict()
         settings = [k for k in own if k not in _SCALER_TRACKERS]
@@ -595,6 +558,4 @@ class PersistenceMixin:
             f"Loaded the loss scale from {source}; the net's own scaler settings stay in "
             "force (set them with set_params(grad_scaler__<name>=...)): " + "; ".join(notes) + "."
         )
-        return Step(
-            source, lambda: scaler.load_state_dict(merged), snapshot, message if notes else None
-        )
+        return Step(source, lambda: scaler.load_state_dict(merged), message if notes else None)
