@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ampnet.params import check
 from ampnet.precision import parse_amp_dtype
 from ampnet.report import build_report
 
@@ -78,7 +79,7 @@ class ConversionMixin:
             dtype = policy.compute_dtype
         target = parse_amp_dtype(dtype)
         changes = dict(amp_enabled=True, amp_dtype=dtype, amp_level="pure")
-        if self.amp_master_weights == "compensated" and target != policy.compute_dtype:
+        if check("amp_master_weights", self.amp_master_weights) == "compensated" and target != policy.compute_dtype:
             # the compensation belongs to the old dtype's rounding: float32 masters
             # are made from the weights plus their compensation
             changes["amp_master_weights"] = True

@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 __all__ = [
-    "is_bool", "is_int", "is_number", "describe", "type_mismatch", "nesting_depth",
-    "dtype_kind", "tensor_problem", "all_finite", "MAX_DEPTH",
+    "is_bool", "is_int", "is_number", "as_float", "finite_number", "describe", "type_mismatch",
+    "nesting_depth", "dtype_kind", "tensor_problem", "all_finite", "MAX_DEPTH",
 ]
 
 #: Deepest nesting of lists and dicts accepted in a loaded JSON or state file.
@@ -37,7 +37,10 @@ def describe(value: Any) -> str:
     name = cls.__name__
     if cls.__module__ != "builtins" and hasattr(builtins, name):
         name = f"{cls.__module__.split('.')[0]}.{name}"
-    text = repr(value)
+    try:
+        text = repr(value)
+    except ValueError:  # an int beyond Python's digit limit for str (sys.set_int_max_str_digits)
+        text = f"<an int of {value.bit_length()} bits>" if isinstance(value, int) else "<no repr>"
     if len(text) > 80:
         text = text[:77] + "..."
     return f"{text} ({name})"
@@ -51,6 +54,25 @@ def is_number(value: Any) -> bool:
 def is_int(value: Any) -> bool:
     """An integer that is not a boolean."""
     return isinstance(value, Integral) and not is_bool(value)
+
+
+def as_float(value: Any) -> float | None:
+    """``value`` as a Python float, or None where it is not a real number or
+    lies beyond float64's range (an int such as ``10**400``, which
+    ``float()`` and ``math.isfinite`` refuse with ``OverflowError``)."""
+    if not is_number(value):
+        return None
+    try:
+        return float(value)
+    except (OverflowError, ValueError, TypeError):
+        return None
+
+
+def finite_number(value: Any) -> bool:
+    """Whether ``value`` is a real number (not a boolean) that converts to
+    a finite float; ``10**400``, NaN and inf are not."""
+    number = as_float(value)
+    return number is not None and math.isfinite(number)
 
 
 def dtype_kind(t: torch.Tensor) -> str:
@@ -100,11 +122,14 @@ def type_mismatch(reference: Any, value: Any, path: str, finite: bool = False,
     """Why ``value`` cannot replace ``reference`` (a value of the same field
     in a live object), or None when it can.
 
-    Numbers replace numbers (``finite``: only finite ones), booleans
-    booleans, strings strings; lists and tuples replace each other,
-    element by element with the same length (any length when the reference
-    is empty); a dict may hold only keys of the reference dict. A
-    reference of None accepts anything.
+    Numbers replace numbers (``finite``: only finite ones, so not an int
+    beyond float range such as ``10**400``), booleans booleans, strings
+    strings; a one-element tensor may stand for a number where it holds a
+    value (not a meta, sparse or quantized tensor); lists and tuples replace
+    each other, element by element with the same length (any length when
+    the reference is empty); a dict may hold only keys of the reference
+    dict. A reference of None accepts anything. Never raises for a hostile
+    ``value``: every problem is returned as text.
     """
     if depth > MAX_DEPTH:
         return f"{path} is nested deeper than {MAX_DEPTH} levels"
@@ -114,11 +139,15 @@ def type_mismatch(reference: Any, value: Any, path: str, finite: bool = False,
         return None if is_bool(value) else f"{path} must be True or False, got {describe(value)}"
     if is_number(reference) or (isinstance(reference, torch.Tensor) and reference.numel() == 1):
         number = value
-        if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_complex():
-            number = value.item()
+        if isinstance(value, torch.Tensor):
+            problem = tensor_problem(value)
+            if problem is not None:
+                return f"{path} must be a number, got {problem}"
+            if value.numel() == 1 and not value.is_complex():
+                number = value.item()
         if not is_number(number):
             return f"{path} must be a number, got {describe(value)}"
-        if finite and not math.isfinite(number):
+        if finite and not finite_number(number):
             return f"{path} must be a finite number, got {describe(value)}"
         return None
     if isinstance(reference, str):

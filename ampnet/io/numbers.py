@@ -10,38 +10,22 @@ int raise ``OverflowError``. A pickle can also hold tensors without values
 loaded structure, so that :func:`ampnet.io.files.read_state` and
 :func:`ampnet.io.atomic.read_json` refuse the file with its name and the
 field before any field check reads it; :func:`finite_number` is the
-overflow-safe test that the field checks use.
+overflow-safe test that the field checks use (defined in
+:mod:`ampnet.validation`, the lower layer, and re-exported here).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from ampnet.validation import MAX_DEPTH, describe, is_number, tensor_problem
+# as_float and finite_number live in the lower layer (ampnet.validation, whose
+# type_mismatch needs them) and are re-exported here for the field checks
+from ampnet.validation import MAX_DEPTH, as_float, describe, finite_number, is_number, tensor_problem
 
 __all__ = ["as_float", "finite_number", "unusable_value", "check_values"]
-
-
-def as_float(value: Any) -> float | None:
-    """``value`` as a Python float, or None where it is not a real number or
-    lies beyond float64's range (an int such as ``10**400``)."""
-    if not is_number(value):
-        return None
-    try:
-        return float(value)
-    except (OverflowError, ValueError, TypeError):
-        return None
-
-
-def finite_number(value: Any) -> bool:
-    """Whether ``value`` is a real number (not a boolean) that converts to
-    a finite float; ``10**400``, NaN and inf are not."""
-    number = as_float(value)
-    return number is not None and math.isfinite(number)
 
 
 def _value_problem(value: Any) -> str | None:
