@@ -76,6 +76,13 @@ KNOWN: list[tuple[str, tuple[str, ...], str, str]] = [
         "so probabilities (returned as float32) carry ~3 significant digits and rows "
         "sum to 1 only within ~4e-3; the tests need rtol 1e-5.",
     ),
+    (
+        r"test_regressor\.TestNeuralNetRegressor::test_dimension_mismatch_warning$", ("off", "on"), "b",
+        "a 1-D y against the regressor's (n, 1) output: MSELoss would broadcast them to (n, n) "
+        "and compare every prediction with every target (torch only warns, the warning the "
+        "test counts); ampnet refuses it at the first training batch with a ValueError naming "
+        "both shapes and the fix y.reshape(-1, 1) (user_inputs.check_target_shape).",
+    ),
     # test_doctor.py (SKORCH_SUITE_FILES=test_doctor.py): SkorchDoctor on AMP nets
     (
         r"test_doctor\.TestSkorchDoctorSimple::test_activation_recs_values$", ("on",), "b",
