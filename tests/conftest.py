@@ -175,12 +175,34 @@ def timed_probes(timer):
     """Inside the block, the probe of ``amp_enabled="auto"`` times its steps with
     ``timer(params, step) -> seconds`` (which must run ``step()``) instead of the
     wall clock: :func:`ampnet.auto.probe.wall_timer` is looked up at each probe.
-    ``timer=None`` leaves the wall clock."""
+    ``timer=None`` leaves the wall clock. The busy-machine check's clocks
+    (:func:`ampnet.auto.probe.cpu_clocks`) read a quiet machine (see
+    :func:`quiet_clocks`), since the injected times are not real."""
     if timer is None:
         yield timer
         return
-    with mock.patch.object(ampnet.auto.probe, "wall_timer", lambda device: timer):
+    with mock.patch.object(ampnet.auto.probe, "wall_timer", lambda device: timer), \
+            mock.patch.object(ampnet.auto.probe, "cpu_clocks", quiet_clocks()):
         yield timer
+
+
+def quiet_clocks(cpu_share=1.0, step_s=0.0):
+    """A stand-in for :func:`ampnet.auto.probe.cpu_clocks`: each call advances
+    the wall clock by ``step_s`` seconds (its real time when 0) and this
+    thread's CPU clock by ``cpu_share`` of that."""
+    import time
+
+    state = {"wall": 0.0, "cpu": 0.0, "last": None}
+
+    def clocks():
+        now = time.perf_counter()
+        step = step_s or (now - state["last"] if state["last"] is not None else 0.0)
+        state["last"] = now
+        state["wall"] += step
+        state["cpu"] += cpu_share * step
+        return state["wall"], state["cpu"]
+
+    return clocks
 
 
 @pytest.fixture
@@ -190,6 +212,7 @@ def probe_timer(monkeypatch):
 
     def install(timer):
         monkeypatch.setattr(ampnet.auto.probe, "wall_timer", lambda device: timer)
+        monkeypatch.setattr(ampnet.auto.probe, "cpu_clocks", quiet_clocks())
         return timer
 
     return install

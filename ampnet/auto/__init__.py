@@ -95,6 +95,11 @@ def _resolve_enabled(net: Any, X: Any, y: Any, saved: Any, source: str | None, *
             result = shared[0]
     with all_or_nothing(net):
         reconfigure.apply_choice(net, result)
+    if result.source == "probe" and result.disturbed:
+        amp_warn(f"amp_enabled='auto' measured on a busy machine: {result.disturbed}, so its timings may not "
+                 f"hold for the fit. It chose {result.chosen}, once, for the whole fit. Fix: re-run the fit "
+                 "on a quiet machine, or pin a choice (amp_enabled=True or False); print(net.amp_autotune_) "
+                 "shows what it measured.")
     if net.verbose and result.source == "probe":
         print(result, flush=True)
 

@@ -114,7 +114,8 @@ from ampnet.precision import SUPPORTED_COMPENSATED, FLOAT16_SAFE_COMPENSATED, dt
 from ampnet.precision import parse_amp_dtype, resolve_precision
 
 __all__ = [
-    "AutotuneResult", "CHOICE_KEYS", "SETTINGS", "probe_settings", "candidate_params", "choose", "label",
+    "AutotuneResult", "CHOICE_KEYS", "SETTINGS", "probe_settings", "candidate_params", "choose", "complexity",
+    "label",
 ]
 
 #: The constructor parameters that a choice sets: the inputs of the choice in
@@ -134,6 +135,11 @@ SLOWER = 1.5
 #: Rounds a candidate is always timed in before it may stop (one slow round
 #: on a loaded machine does not rule it out).
 MIN_ROUNDS = 2
+
+#: A candidate stops being timed once the relative spread of its timings
+#: (their interquartile range over their median) is at most this fraction
+#: of the margin: more rounds would not change the choice.
+SETTLED = 0.25
 
 @dataclass
 class AutotuneResult:
@@ -192,6 +198,7 @@ class AutotuneResult:
     probe_s: float = 0.0
     source: str = "probe"
     note: str | None = None
+    disturbed: str | None = None
 
     @property
     def chosen(self) -> str:
@@ -204,7 +211,7 @@ class AutotuneResult:
             return head + f" (no probe ran: {self.note})"
         if self.source != "probe" or not self.table:
             return head + " (a saved choice; no probe ran)"
-        header = ("candidate", "step ms", "vs float32", "steps", "healthy", "grad cos", "note")
+        header = ("candidate", "step ms", "per-round vs float32", "steps", "healthy", "grad cos", "note")
         rows = []
         for row in self.table:
             time_s, healthy, cos = row.get("step_time_s"), row.get("healthy"), row.get("grad_cosine")
@@ -224,28 +231,44 @@ class AutotuneResult:
             lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
         measured = sum(r.get("step_time_s") is not None for r in self.table)
         total = sum(r.get("steps") or 0 for r in self.table)
-        screened = [r["forward_ratio"] for r in self.table if r.get("forward_ratio") is not None]
+        screened: dict[str, float] = {}
+        for r in self.table:
+            if r.get("forward_ratio") is not None:
+                screened.setdefault(str(r["params"].get("amp_dtype")), r["forward_ratio"])
         if screened:
+            found = " and ".join(f"{ratio:.1f}x float32's time in {dtype}" for dtype, ratio in screened.items())
             lines.append(
-                f"screen: a forward pass per low-precision dtype against float32's, {max(screened):.1f}x at "
-                f"most; a dtype more than {SCREEN_SLOWER:g}x slower is not measured (it cannot pay off).")
+                f"Screen: before any training step was timed, a forward pass took {found}; a dtype over "
+                f"{SCREEN_SLOWER:g}x (emulated on this machine) is not timed, as it cannot pay off.")
         if not total:
-            lines.append(f"probe: no training step timed (nothing left to compare with float32), "
+            lines.append(f"Probe: no training step timed (nothing left to compare with float32), "
                          f"{self.probe_s:.2f} s.")
             if self.note:
                 lines.append(self.note)
             return "\n".join(lines)
         lines.append(
-            f"probe: {total} training steps of {measured} candidates ({self.warmup} warm-up + up to "
-            f"{self.steps} timed each) on the first training batch, timed in interleaved rounds, "
-            f"{self.probe_s:.2f} s; AMP is chosen only when faster than float32 by more than "
-            f"{self.margin:.0%} and by more than the spread of its timings across the rounds, with "
-            f"gradients agreeing with float32's (cosine >= {self.min_cosine:g})."
+            "step ms: the median of a candidate's timed steps. per-round vs float32: the median, over the "
+            "rounds, of its step time relative to float32's (each step taken over a float32 forward pass "
+            "timed just before it, which cancels changes of the machine's load), \u00b1 half the spread of "
+            "both; it may differ from the ratio of the step ms column.")
+        lines.append(
+            f"Probe: {total} training steps of {measured} candidates, one after the other ({self.warmup} "
+            f"warm-up + up to {self.steps} timed each, fewer once the timings settle), on the first "
+            f"training batch, {self.probe_s:.2f} s. AMP is chosen only when faster than float32 by more than "
+            f"{self.margin:.0%} and by more than the spread of its timings, with gradients agreeing with "
+            f"float32's (cosine >= {self.min_cosine:g}); a more complex setting (pure over mixed, "
+            "compensated over float32 masters, channels_last) only when faster than a simpler one by more "
+            "than the spread of both."
         )
         if self.table[0].get("noisy"):
             lines.append(
                 "The timings were too noisy to decide (the machine is busy?): float32 was kept. Fix: "
                 "pin a choice (amp_enabled=True or False), or probe longer (amp_autotune__steps).")
+        if self.disturbed:
+            lines.append(
+                f"The machine was busy during the probe: {self.disturbed}. The choice is made once, for the "
+                f"whole fit, so {self.chosen} may not be the fastest here. Fix: re-run the fit on a quiet "
+                "machine, or pin a choice (amp_enabled=True or False).")
         return "\n".join(lines)
 
 
@@ -336,6 +359,22 @@ def candidate_params(net: Any) -> list[tuple[dict[str, Any], str | None]]:
 # ---- the choice ---------------------------------------------------------------------
 
 
+def complexity(params: Mapping[str, Any]) -> int:
+    """How far a candidate's settings are from the simplest, float32: 1 for
+    AMP (mixed), 1 more for ``amp_level='pure'`` and 1 more again for
+    compensated weights, 1 more for ``memory_format='channels_last'``. Of
+    two healthy candidates within each other's noise, the less complex one
+    is chosen (see :func:`choose`)."""
+    score = 0
+    if params.get("amp_enabled"):
+        score += 1
+        if params.get("amp_level") == "pure":
+            score += 2 if params.get("amp_master_weights") == "compensated" else 1
+    if params.get("memory_format") == "channels_last":
+        score += 1
+    return score
+
+
 def choose(table: list[dict[str, Any]], margin: float) -> int:
     """Pick a row of ``table`` (rows as in :attr:`AutotuneResult.table`,
     the float32 baseline first); set each row's ``chosen`` and, for those
@@ -345,10 +384,17 @@ def choose(table: list[dict[str, Any]], margin: float) -> int:
     per-round time ratios to float32's), or, without one, ``1 -
     step_time_s / float32's``. A row other than the baseline qualifies when
     it is healthy and its gain exceeds both ``margin`` (a fraction) and its
-    ``spread`` (the timings' noise; 0 when absent). The qualifying row with
-    the largest gain wins; the baseline wins when none qualifies (its
-    ``noisy`` is then True when a row was faster by more than ``margin`` but
-    not by more than its spread: too noisy to decide).
+    ``spread`` (the timings' noise; 0 when absent).
+
+    Ties go to the simpler setting (:func:`complexity`): the qualifying rows
+    are taken from the least to the most complex, and a more complex row
+    replaces the one chosen so far only when its gain exceeds that row's by
+    more than the spread of both (half of each row's spread, the ``±`` of
+    the table: their intervals do not overlap); a row that does not gets
+    the reason "within noise of <the simpler one>". The baseline wins when
+    no row qualifies (its ``noisy`` is then True when a row was faster by
+    more than ``margin`` but not by more than its spread: too noisy to
+    decide).
     """
     base = table[0]
     base_time = base.get("step_time_s")
@@ -360,7 +406,7 @@ def choose(table: list[dict[str, Any]], margin: float) -> int:
             return None
         return 1 - row["step_time_s"] / base_time
 
-    best, best_gain, noisy = 0, None, False
+    best, noisy, qualified, too_noisy = 0, False, [], []
     if base.get("healthy") and base_time is not None:
         for i, row in enumerate(table[1:], start=1):
             gain = gain_of(row)
@@ -371,14 +417,33 @@ def choose(table: list[dict[str, Any]], margin: float) -> int:
                 row["reason"] = (f"{gain:.1%} faster than float32, within the {margin:.0%} noise margin: "
                                  "not worth it") if gain > 0 else None
             elif gain <= noise:
-                noisy = True
-                row["reason"] = (f"{gain:.1%} faster than float32, but its timings spread by {noise:.1%} "
-                                 "across the rounds: too noisy to decide, float32 kept")
-            elif best_gain is None or gain > best_gain:
-                best, best_gain = i, gain
+                too_noisy.append((i, gain, noise))
+            else:
+                qualified.append((complexity(row["params"]), -gain, i))
+        noisy = bool(too_noisy)
+        held: tuple[int, float] | None = None  # (row, gain) chosen so far
+        for level, neg_gain, i in sorted(qualified):
+            gain, row = -neg_gain, table[i]
+            if held is None:
+                held = (i, gain)
+                continue
+            j, held_gain = held
+            both = (float(row.get("spread") or 0.0) + float(table[j].get("spread") or 0.0)) / 2
+            if complexity(table[j]["params"]) < level and held_gain < gain <= held_gain + both:
+                row["reason"] = (f"within noise of {label(table[j]['params'])} ({gain:.1%} against "
+                                 f"{held_gain:.1%} faster than float32, spreads ±{both:.1%} together): "
+                                 "the simpler setting is kept")
+            elif gain > held_gain:
+                held = (i, gain)
+        best = held[0] if held is not None else 0
     elif not base.get("healthy"):
         healthy = [i for i, row in enumerate(table) if row.get("healthy") and row.get("step_time_s") is not None]
         best = min(healthy, key=lambda i: (table[i]["step_time_s"], i)) if healthy else 0
+    for i, gain, noise in too_noisy:
+        tail = ("too noisy to decide, float32 kept" if best == 0 else
+                f"too noisy to count (it was not needed: {label(table[best]['params'])} won clearly)")
+        table[i]["reason"] = (f"{gain:.1%} faster than float32, but its timings spread by {noise:.1%} "
+                              f"across the rounds: {tail}")
     base["noisy"] = noisy and best == 0
     for i, row in enumerate(table):
         row["chosen"] = i == best

@@ -14,8 +14,10 @@ in this thread only: the process's warning filters are left alone)."""
 
 from __future__ import annotations
 
+import gc
 import statistics
 import time
+import weakref
 from typing import Any, Callable, Mapping
 
 import torch
@@ -23,16 +25,16 @@ import torch
 from sklearn.base import clone
 
 from ampnet.auto.enabled import (
-    _EXTRA_WARMUP, MIN_ROUNDS, SLOWER, AutotuneResult, candidate_params, choose, probe_settings,
+    _EXTRA_WARMUP, MIN_ROUNDS, SETTLED, SLOWER, AutotuneResult, candidate_params, choose, probe_settings,
 )
-from ampnet.auto.screen import SCREEN_SLOWER, screen_dtypes
+from ampnet.auto.screen import SCREEN_SLOWER, float32_forward, screen_dtypes
 from ampnet._tree import has_nonfinite, iter_tensors
 from ampnet.dtypes import LOW_PRECISION_DTYPES
 from ampnet.exceptions import run_quietly
 from ampnet.precision import module_root, remove_regions, remove_state_hooks
 from ampnet.random_state import capture_random_state, kept_random_state
 
-__all__ = ["run_probe", "probe_copy", "spread", "wall_timer", "CopyFailed"]
+__all__ = ["run_probe", "probe_copy", "spread", "wall_timer", "cpu_clocks", "CopyFailed"]
 
 
 # ---- the probe ----------------------------------------------------------------------
@@ -43,34 +45,45 @@ class _Refused(Exception):
 
 
 class _GradCapture:
-    """A stand-in callback list entry: keeps the first finite gradients of
-    the probe's training steps, as float32 by name."""
+    """A stand-in callback list entry: at the first training step whose
+    gradients are all finite, either keeps them as float32 by name (the
+    baseline's, ``reference=None``) or computes their cosine similarity
+    with ``reference`` on the fly (an AMP candidate's: no copy of its
+    gradients is kept). Later steps cost nothing."""
 
-    def __init__(self) -> None:
+    def __init__(self, reference: Mapping[str, torch.Tensor] | None = None) -> None:
+        self.reference = reference
         self.grads: dict[str, torch.Tensor] | None = None
+        self.cosine: float | None = None
+        self.captured = False
         self.nonfinite = False
 
     def on_grad_computed(self, net: Any, named_parameters: Any, **kwargs: Any) -> None:
-        grads = {n: p.grad.detach().float().flatten().clone() for n, p in named_parameters if p.grad is not None}
-        finite = all(bool(torch.isfinite(g).all()) for g in grads.values())
-        if not finite:
+        if self.captured:
+            return
+        named = [(n, p.grad) for n, p in named_parameters if p.grad is not None]
+        if not all(bool(torch.isfinite(g).all()) for _, g in named):
             self.nonfinite = True
-        elif self.grads is None:
-            self.grads = grads
-
-
-def _cosine(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> float:
-    names = [n for n in a if n in b and a[n].numel() == b[n].numel()]
-    if not names:
-        return 1.0
-    x = torch.cat([a[n].to(b[n].device) for n in names]).double()
-    y = torch.cat([b[n] for n in names]).double()
-    nx, ny = x.norm(), y.norm()
-    if float(nx) == 0.0 and float(ny) == 0.0:
-        return 1.0
-    if float(nx) == 0.0 or float(ny) == 0.0:
-        return 0.0
-    return float(x @ y / (nx * ny))
+            return
+        self.captured = True
+        if self.reference is None:
+            self.grads = {n: g.detach().float().flatten().clone() for n, g in named}
+            return
+        dot = nx = ny = 0.0  # per parameter in float32 (no float64 copies), summed in Python floats
+        common = False
+        for n, g in named:
+            ref = self.reference.get(n)
+            if ref is None or ref.numel() != g.numel():
+                continue
+            common = True
+            x = g.detach().flatten().to(device=ref.device, dtype=torch.float32)
+            dot, nx, ny = dot + float(x @ ref), nx + float(x @ x), ny + float(ref @ ref)
+        if not common or (nx == 0.0 and ny == 0.0):
+            self.cosine = 1.0
+        elif nx == 0.0 or ny == 0.0:
+            self.cosine = 0.0
+        else:
+            self.cosine = dot / (nx ** 0.5 * ny ** 0.5)
 
 
 def wall_timer(device: torch.device) -> Callable[[dict, Callable[[], Any]], float]:
@@ -86,6 +99,30 @@ def wall_timer(device: torch.device) -> Callable[[dict, Callable[[], Any]], floa
         return time.perf_counter() - start
 
     return timer
+
+
+def cpu_clocks() -> tuple[float, float]:
+    """(wall-clock seconds, this thread's CPU seconds) now. The probe reads
+    both around its timed steps to tell a busy machine (the thread that
+    runs the steps gets the CPU much less than the wall clock runs, see
+    :data:`BUSY_CPU_SHARE`); the tests replace it."""
+    return time.perf_counter(), time.thread_time()
+
+
+#: A probe whose timed steps got less than this share of the wall clock as
+#: the stepping thread's CPU time ran on a busy machine. (The main thread
+#: computes its share of every intra-op parallel region and sleeps only
+#: while waiting for a descheduled worker, so torch's own threads do not
+#: make a quiet machine look busy; a GPU's waits do, so only CPU probes are
+#: judged.)
+BUSY_CPU_SHARE = 0.5
+
+#: Timed steps shorter than this in all are not judged (the scheduler's granularity).
+BUSY_MIN_S = 0.2
+
+#: The rounds' float32 forward passes this many times slower (or faster)
+#: than the screen's: the machine's load changed during the probe.
+DRIFT = 2.0
 
 
 def _first_batch(net: Any, X: Any, y: Any, **fit_params: Any) -> Any:
@@ -178,11 +215,15 @@ def probe_copy(net: Any, params: dict[str, Any]) -> Any:
 
 class _Candidate:
     """A candidate in the probe: a copy of the net trained with ``params`` on
-    the probe's batch, its losses, timed steps and first gradients.
-    ``restore_rng`` puts the random streams back to where the probe started,
-    before each step until the first finite gradients are captured."""
+    the probe's batch, its losses, timed steps (each after a timed float32
+    forward pass, the round's reference) and its first gradients (kept for
+    the baseline, ``reference=None``; else compared with ``reference`` on
+    the fly). ``restore_rng`` puts the random streams back to where the
+    probe started, before each step until the first finite gradients are
+    captured."""
 
-    def __init__(self, net: Any, params: dict[str, Any], batch: Any, restore_rng: Callable[[], None]) -> None:
+    def __init__(self, net: Any, params: dict[str, Any], batch: Any, restore_rng: Callable[[], None],
+                 reference: Mapping[str, torch.Tensor] | None = None) -> None:
         try:
             self.probe = probe_copy(net, params)
         except (ValueError, TypeError) as exc:  # settings this net cannot train with
@@ -190,15 +231,16 @@ class _Candidate:
         self.params = params
         self.batch = batch
         self.restore_rng = restore_rng
-        self.capture = _GradCapture()
+        self.capture = _GradCapture(reference)
         self.probe.__dict__["callbacks_"] = [("ampnet_autotune", self.capture)]
         self.probe.history.new_epoch()
         self.losses: list[torch.Tensor] = []
         self.times: list[float] = []
-        self.rounds: list[int] = []  # the round of each timed step
+        self.refs: list[float] = []  # the round's float32 forward pass, timed just before each step
+        self.wall = self.cpu = 0.0  # real seconds of the timed steps: wall clock, this thread's CPU
 
     def step(self) -> None:
-        if self.capture.grads is None:  # the health step: the same dropout masks as float32's
+        if not self.capture.captured:  # the health step: the same dropout masks as float32's
             self.restore_rng()
         self.probe.history.new_batch()
         self.losses.append(self.probe.train_step(self.batch)["loss"].detach())
@@ -207,37 +249,93 @@ class _Candidate:
         """``warmup`` untimed steps, and up to ``_EXTRA_WARMUP`` more while a
         loss-scaled candidate has had no finite gradients yet."""
         i = 0
-        while i < warmup or (self.capture.nonfinite and self.capture.grads is None and i < warmup + _EXTRA_WARMUP
+        while i < warmup or (self.capture.nonfinite and not self.capture.captured and i < warmup + _EXTRA_WARMUP
                              and self.probe.precision_.scaling):
             self.step()
             i += 1
 
-    def time_step(self, timer: Callable[[dict, Callable[[], Any]], float], round_: int) -> None:
+    def time_step(self, timer: Callable[[dict, Callable[[], Any]], float], reference: float) -> None:
+        wall, cpu = cpu_clocks()
         self.times.append(float(timer(dict(self.params), self.step)))
-        self.rounds.append(round_)
+        now_wall, now_cpu = cpu_clocks()
+        self.wall, self.cpu = self.wall + now_wall - wall, self.cpu + now_cpu - cpu
+        self.refs.append(reference)
+
+    def per_reference(self) -> list[float]:
+        """Each timed step over its round's float32 forward pass."""
+        return [t / r for t, r in zip(self.times, self.refs) if r > 0]
 
     def health(self) -> tuple[bool, str | None]:
         finite = bool(torch.isfinite(torch.stack([loss.float().reshape(-1)[0] for loss in self.losses])).all())
         if not finite:
             return False, "unhealthy: the loss is not finite"
-        if self.capture.grads is None and self.capture.nonfinite:
+        if not self.capture.captured and self.capture.nonfinite:
             return False, "unhealthy: the gradients are not finite"
         return True, None
 
-
-def _ratios(candidate: _Candidate, baseline: _Candidate) -> list[float]:
-    """The candidate's step time over float32's, per round both were timed in."""
-    base = dict(zip(baseline.rounds, baseline.times))
-    return [t / base[r] for r, t in zip(candidate.rounds, candidate.times) if base.get(r, 0) > 0]
+    def release(self) -> None:
+        """Free the copy's gradients and optimizer state (the baseline's
+        module stays: its forward pass is the rounds' reference)."""
+        for name in self.probe._optimizers:
+            opt = self.probe.__dict__.get(name + "_")
+            if isinstance(opt, torch.optim.Optimizer):
+                opt.state.clear()
+        for name in self.probe._modules:
+            module = self.probe.__dict__.get(name + "_")
+            if isinstance(module, torch.nn.Module):
+                module.zero_grad(set_to_none=True)
 
 
 def spread(ratios: list[float]) -> float:
-    """The noise of a candidate's timings relative to float32's: the
-    interquartile range of its per-round ratios (0 with fewer than 2 rounds)."""
+    """The noise of a list of timing ratios: their interquartile range (0
+    with fewer than 2)."""
     if len(ratios) < 2:
         return 0.0
     q1, _, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
     return q3 - q1
+
+
+def _relative_spread(values: list[float]) -> float:
+    middle = statistics.median(values) if values else 0.0
+    return spread(values) / middle if middle > 0 else 0.0
+
+
+def _time_rounds(candidate: _Candidate, timer: Callable[[dict, Callable[[], Any]], float],
+                 reference: Callable[[], float], settings: Mapping[str, Any], base_level: float | None) -> None:
+    """Up to ``settings['steps']`` rounds of (float32 forward pass, timed step);
+    after :data:`MIN_ROUNDS` rounds, stop once the candidate is clearly slower
+    than float32 in every round (:data:`SLOWER`) or its timings have settled
+    (their relative spread at most :data:`SETTLED` x the margin)."""
+    for k in range(settings["steps"]):
+        candidate.time_step(timer, reference())
+        if k + 1 < MIN_ROUNDS:
+            continue
+        levels = candidate.per_reference()
+        if base_level and levels and min(levels) / base_level > SLOWER:
+            return
+        if levels and _relative_spread(levels) <= SETTLED * settings["margin"]:
+            return
+
+
+def _record(row: dict[str, Any], candidate: _Candidate, settings: Mapping[str, Any],
+            base_level: float | None, base_spread: float) -> None:
+    """``row``'s time, health, gain over float32 (None ``base_level``: the
+    baseline itself) and gradient agreement."""
+    healthy, reason = candidate.health()
+    row.update(step_time_s=statistics.median(candidate.times) if candidate.times else None, healthy=healthy,
+               reason=reason, steps=len(candidate.losses))
+    if base_level is None:
+        row["grad_cosine"] = 1.0 if candidate.capture.grads is not None else None
+        return
+    levels = [v / base_level for v in candidate.per_reference()]
+    if levels:
+        row.update(gain=1 - statistics.median(levels), spread=spread(levels) + base_spread)
+    cos = candidate.capture.cosine
+    if healthy and cos is not None:
+        row["grad_cosine"] = cos
+        if cos < settings["min_cosine"]:
+            row.update(healthy=False, reason=(
+                f"unhealthy: gradient cosine similarity with float32 {cos:.4f} < {settings['min_cosine']:g}"))
 
 
 def _error_text(exc: BaseException) -> str:
@@ -264,28 +362,45 @@ def _run_probe(net: Any, X: Any, y: Any = None, **fit_params: Any) -> AutotuneRe
     timer = wall_timer(device)
     started = time.perf_counter()
     table: list[dict[str, Any]] = []
-    live: list[tuple[dict[str, Any], _Candidate]] = []  # rows still timed, float32's first
-    note = None
+    clocks: dict[str, float] = {}
     with kept_random_state():
         restore_rng = capture_random_state()
-        try:
-            note = _measure(net, X, y, fit_params, settings, timer, restore_rng, table, live)
-        finally:
-            live.clear()
+        note = _measure(net, X, y, fit_params, settings, timer, restore_rng, table, clocks)
     best = choose(table, settings["margin"])
     return AutotuneResult(note=note,
         params=dict(table[best]["params"]), table=table, device=str(device),
         steps=settings["steps"], warmup=settings["warmup"], margin=settings["margin"],
         min_cosine=settings["min_cosine"], probe_s=time.perf_counter() - started,
+        disturbed=_disturbed(clocks, device),
     )
+
+
+def _disturbed(clocks: Mapping[str, float], device: torch.device) -> str | None:
+    """Why the probe's timings may not hold for the fit (the machine was
+    busy), in words; None where nothing says so."""
+    wall, cpu = clocks.get("wall", 0.0), clocks.get("cpu", 0.0)
+    if device.type == "cpu" and wall >= BUSY_MIN_S and cpu < BUSY_CPU_SHARE * wall:
+        return (f"the thread that ran the timed steps got the CPU only {cpu / wall:.0%} of their wall-clock time "
+                "(another process was competing for the cores)")
+    screen, rounds = clocks.get("screen"), clocks.get("rounds")
+    if screen and rounds and not 1 / DRIFT <= rounds / screen <= DRIFT:
+        return (f"the same float32 forward pass took {rounds / screen:.1f}x as long during the timed rounds as "
+                "in the screen just before them (the machine's load changed during the probe)")
+    return None
 
 
 def _measure(net: Any, X: Any, y: Any, fit_params: dict[str, Any], settings: dict[str, Any],
              timer: Callable[[dict, Callable[[], Any]], float], restore_rng: Callable[[], None],
-             table: list[dict[str, Any]], live: list[tuple[dict[str, Any], _Candidate]]) -> str | None:
-    """Fill ``table`` (one row per candidate) and ``live`` (the candidates
-    built, float32's first); return why nothing was measured where it is
-    the data's fault (the result's ``note``), else None."""
+             table: list[dict[str, Any]], clocks: dict[str, float]) -> str | None:
+    """Fill ``table`` (one row per candidate) and ``clocks`` (the timed
+    steps' wall and CPU seconds, the screen's and the rounds' float32
+    forward pass); return why nothing was measured where it is the data's
+    fault (the result's ``note``), else None.
+
+    One candidate after the other, float32's first: a copy is built, warmed
+    up and timed, each timed step after a timed float32 forward pass (the
+    round's reference), then freed before the next is built; float32's copy
+    keeps only its module (for the reference) and its first gradients."""
     batch = _first_batch(net, X, y, **fit_params)
     _refuse_low_precision_inputs(batch)
     candidates = candidate_params(net)
@@ -305,75 +420,64 @@ def _measure(net: Any, X: Any, y: Any, fit_params: dict[str, Any], settings: dic
     # float32's: leave out the dtypes that cannot pay off here (emulated ones)
     first = next(i for i, (p, skip) in enumerate(candidates) if not skip)
     baseline = _Candidate(net, candidates[first][0], batch, restore_rng)
-    screen = screen_dtypes(baseline.probe, batch, measurable, timer, **fit_params)
+    screen, screen_s = screen_dtypes(baseline.probe, batch, measurable, timer, **fit_params)
     measured = [p for p in measurable
                 if not (p["amp_enabled"] and screen.get(str(p["amp_dtype"]), 0.0) > SCREEN_SLOWER)]
-    # 1. a copy of each candidate, warmed up (float32's first); none more when the
-    # screen left float32 alone
     for row, (params, skip) in zip(rows, candidates):
         if params["amp_enabled"] and str(params["amp_dtype"]) in screen:
             row["forward_ratio"] = screen[str(params["amp_dtype"])]
-        if skip:
-            continue
-        if params not in measured:
+        if not skip and params not in measured:
             row["reason"] = (
                 f"not measured: its forward pass took {row['forward_ratio']:.1f}x as long as float32's "
                 f"(over {SCREEN_SLOWER:g}x: it cannot pay off here)")
+    if len(measured) < 2:  # the screen left float32 alone: no copy more, nothing timed
+        return None
+    # 1. the rounds' reference: float32's forward pass, timed before each timed step, so
+    # that a change of the machine's load between (and within) the candidates cancels out
+    forward = float32_forward(baseline.probe, batch, **fit_params)
+    ref_params = {**candidates[first][0], "autotune_screen": True}
+
+    def reference() -> float:
+        return float(timer(dict(ref_params), forward)) if forward is not None else 1.0
+
+    base_level: float | None = None  # float32's median step over its reference
+    base_spread = 0.0
+    reference_grads = None
+    all_refs: list[float] = []
+    for row, (params, skip) in zip(rows, candidates):
+        if skip or params not in measured:
             continue
-        if len(measured) < 2:
-            continue
-        is_baseline = not live
+        is_baseline = base_level is None
+        candidate = None
         try:
-            candidate = baseline if is_baseline else _Candidate(net, params, batch, restore_rng)
+            candidate = baseline if is_baseline else _Candidate(net, params, batch, restore_rng, reference_grads)
             candidate.warm_up(settings["warmup"])
+            _time_rounds(candidate, timer, reference, settings, base_level)
         except _Refused as exc:
             if is_baseline:
                 raise exc.__cause__ from None
             row["reason"] = f"not possible: {exc}"
-            continue
         except Exception as exc:
             if is_baseline:
                 raise
-            row.update(healthy=False, reason=_error_text(exc))
-            continue
-        live.append((row, candidate))
-    del baseline
-    # 2. timed in interleaved rounds (float32, mixed, pure, float32, ...), so that a
-    # change of the machine's load hits every candidate alike
-    timed = list(live)
-    for round_ in range(settings["steps"]):
-        for row, candidate in list(timed):
-            try:
-                candidate.time_step(timer, round_)
-            except Exception as exc:
-                if candidate is live[0][1]:
-                    raise
-                row.update(healthy=False, reason=_error_text(exc))
-                timed.remove((row, candidate))
-        if round_ + 1 >= MIN_ROUNDS:  # clearly slower than float32 in every round: it cannot win
-            timed = [(row, c) for row, c in timed
-                     if c is live[0][1] or min(_ratios(c, live[0][1]), default=0.0) <= SLOWER]
-    # 3. times, health and agreement with float32's gradients
-    base = live[0][1] if live else None
-    reference = base.capture.grads if base else None
-    for row, candidate in live:
-        if row["healthy"] is False:  # failed while timed
-            row["steps"] = len(candidate.losses)
-            continue
-        healthy, reason = candidate.health()
-        row.update(step_time_s=statistics.median(candidate.times), healthy=healthy, reason=reason,
-                   steps=len(candidate.losses))
-        if candidate is base:
-            row["grad_cosine"] = 1.0 if reference is not None else None
-            continue
-        ratios = _ratios(candidate, base)
-        if ratios:
-            row.update(gain=1 - statistics.median(ratios), spread=spread(ratios))
-        if healthy and reference is not None and candidate.capture.grads is not None:
-            cos = _cosine(candidate.capture.grads, reference)
-            row["grad_cosine"] = cos
-            if cos < settings["min_cosine"]:
-                row.update(healthy=False, reason=(
-                    f"unhealthy: gradient cosine similarity with float32 {cos:.4f} < "
-                    f"{settings['min_cosine']:g}"))
+            row.update(healthy=False, reason=_error_text(exc), steps=len(candidate.losses) if candidate else 0)
+        else:  # 2. time, health and agreement with float32's first gradients
+            _record(row, candidate, settings, base_level, base_spread)
+            if is_baseline:
+                levels = baseline.per_reference()
+                base_level, base_spread = statistics.median(levels), _relative_spread(levels)
+                reference_grads = baseline.capture.grads
+        finally:
+            if candidate is not None:
+                clocks["wall"] = clocks.get("wall", 0.0) + candidate.wall
+                clocks["cpu"] = clocks.get("cpu", 0.0) + candidate.cpu
+                all_refs += candidate.refs
+                candidate.release()
+                if candidate is not baseline:  # freed before the next copy is built
+                    gone = weakref.ref(candidate.probe)
+                    candidate = None
+                    if gone() is not None:  # held by a reference cycle
+                        gc.collect()
+    clocks["screen"] = screen_s or 0.0
+    clocks["rounds"] = statistics.median(all_refs) if all_refs and forward is not None else 0.0
     return None

@@ -27,7 +27,7 @@ from skorch.dataset import unpack_data
 
 from ampnet.precision import parse_amp_dtype
 
-__all__ = ["SCREEN_SLOWER", "SCREEN_REPEATS", "screen_dtypes"]
+__all__ = ["SCREEN_SLOWER", "SCREEN_REPEATS", "screen_dtypes", "float32_forward"]
 
 #: A dtype whose forward pass takes more than this many times float32's is
 #: not measured further.
@@ -47,13 +47,42 @@ def _forward(net: Any, Xi: Any, dtype: torch.dtype | None, fit_params: Mapping[s
     return run
 
 
+def float32_forward(net: Any, batch: Any, **fit_params: Any) -> Callable[[], None] | None:
+    """The screen's float32 forward pass of ``net`` on ``batch``, as a
+    callable: without gradients, in eval mode (the module's train/eval
+    flags are restored after each call). The probe times it before each
+    timed training step, as the reference that the candidates' steps are
+    compared with round by round. None where ``net`` has no ``module_``
+    or the forward pass raises."""
+    module = net.__dict__.get("module_")
+    if not isinstance(module, torch.nn.Module):
+        return None
+    Xi, _ = unpack_data(batch)
+    run = _forward(net, Xi, None, fit_params)
+
+    def forward() -> None:
+        flags = [(m, m.training) for m in module.modules()]
+        try:
+            module.eval()
+            run()
+        finally:
+            for m, training in flags:
+                m.training = training
+
+    try:
+        forward()  # untimed: it must run
+    except Exception:
+        return None
+    return forward
+
+
 def screen_dtypes(
     net: Any,
     batch: Any,
     candidates: Sequence[Mapping[str, Any]],
     timer: Callable[[dict, Callable[[], Any]], float],
     **fit_params: Any,
-) -> dict[str, float]:
+) -> tuple[dict[str, float], float | None]:
     """The forward-pass time ratio to float32 of each low-precision dtype
     among ``candidates`` (constructor parameters; float32's first), by
     dtype name, e.g. ``{'bfloat16': 12.3}``.
@@ -82,21 +111,22 @@ def screen_dtypes(
         if params.get("amp_enabled") and params.get("memory_format", "preserve") != "channels_last":
             firsts.setdefault(str(params.get("amp_dtype")), params)
     if not firsts or not candidates:
-        return {}
+        return {}, None
     module = net.__dict__.get("module_")
     if not isinstance(module, torch.nn.Module):
-        return {}
+        return {}, None
     Xi, _ = unpack_data(batch)
     flags = [(m, m.training) for m in module.modules()]
     baseline = {**candidates[0], "autotune_screen": True}
-    ratios = {}
+    ratios: dict[str, float] = {}
+    fastest: float | None = None
     try:
         module.eval()
         fp32 = _forward(net, Xi, None, fit_params)
         try:
             fp32()  # untimed
         except Exception:
-            return {}
+            return {}, None
         for name, params in firsts.items():
             low = _forward(net, Xi, parse_amp_dtype(name), fit_params)
             try:
@@ -108,7 +138,8 @@ def screen_dtypes(
                 base.append(float(timer(dict(baseline), fp32)))
                 other.append(float(timer({**params, "autotune_screen": True}, low)))
             ratios[name] = min(other) / min(base) if min(base) > 0 else 1.0
+            fastest = min(base) if fastest is None else min(fastest, *base)
     finally:
         for m, training in flags:
             m.training = training
-    return ratios
+    return ratios, fastest
