@@ -34,46 +34,67 @@ First a screen (:mod:`ampnet.auto.screen`): one forward pass
 per low-precision dtype against float32's, on the net's own module without
 gradients, in eval mode; a dtype more than 3x slower than float32 (an
 emulated one) is not measured further, and when no AMP candidate is left,
-no copy is built and nothing is timed. Then each candidate trains ``warmup`` steps (default 1) on the first training
-batch (the first ``batch_size`` rows of the training split, not shuffled),
+no copy is built and nothing is timed. Then the candidates are measured one
+after the other, float32's first: a copy of the net is built for the
+candidate, trains ``warmup`` steps (default 1) on the first training batch
+(the first ``batch_size`` rows of the training split, not shuffled)
 through the net's own training step (:func:`ampnet.step.train_step`: the
 non-finite guard, the loss scaler, the optimizer's kernel), without
-callbacks. Then the candidates are timed in ``steps`` interleaved rounds
-(default 5): float32, mixed, pure, float32, mixed, pure, ... one step each
-per round, so that a change of the machine's load (another process, a
-frequency change) hits every candidate alike instead of the ones measured
-last. A candidate's ``step_time_s`` is the median of its timed steps; its
-``gain`` over float32 is 1 minus the median of its per-round time ratios to
-float32's, and its ``spread`` the interquartile range of those ratios (the
-measurement's noise, as seen in this probe; 0 with a single round).
+callbacks, then up to ``steps`` timed steps (default 5). Each timed step
+comes right after a timed float32 forward pass (the screen's, on float32's
+copy: the round's reference), and a step counts as its time over that
+reference: a change of the machine's load (another process, a frequency
+change) hits both alike, so candidates timed at different moments compare
+fairly. A candidate stops being timed after :data:`MIN_ROUNDS` rounds once
+its timings have settled (their interquartile range at most
+:data:`SETTLED` x ``margin`` of their median) or it was more than
+:data:`SLOWER` x float32's in every round. A candidate's ``step_time_s`` is
+the median of its timed steps; its ``gain`` over float32 is 1 minus the
+median of its per-round ratios (step over reference) to float32's median
+one, and its ``spread`` the interquartile range of those ratios plus
+float32's own relative one (the noise of both; 0 with a single round).
 
 A candidate is healthy when its loss and gradients are finite and the
 gradients of its first step (from the same initial weights and batch as
 float32's first step) have a cosine similarity of at least ``min_cosine``
 (default 0.98) with float32's. A healthy AMP candidate qualifies when its
-gain exceeds both ``margin`` (default 0.05: 5%) and its ``spread``; the
-qualifying candidate with the largest gain wins, and the net trains in
-float32 when none qualifies. When a candidate was faster by more than the
-margin but not by more than its spread, the timings were too noisy to
-decide: float32 is kept, and its row's ``reason`` and ``str(amp_autotune_)``
-say so (pin a choice, or probe with more ``steps``).
+gain exceeds both ``margin`` (default 0.05: 5%) and its ``spread``. Ties go
+to the simpler setting (:func:`complexity`: mixed before pure, float32
+masters before compensated, contiguous before channels_last): a more
+complex candidate wins over a simpler qualifying one only when its gain is
+larger by more than half the spread of each (its row's reason says "within
+noise of ..." otherwise). The net trains in float32 when none qualifies;
+when a candidate was faster by more than the margin but not by more than
+its spread, the timings were too noisy to decide: float32 is kept, and its
+row's ``reason`` and ``str(amp_autotune_)`` say so (pin a choice, or probe
+with more ``steps``).
+
+A busy machine: on a CPU, when the thread that ran the timed steps got
+less than half of their wall-clock time as CPU time (another process
+competes for the cores; probes under 0.2 s are not judged), or when the
+rounds' float32 forward pass took over 2x (or under half) as long as the
+screen's, the result's ``disturbed`` says so, ``str(amp_autotune_)`` too,
+and the fit warns (``AmpWarning``) with the fix: the choice is made once,
+for the whole fit; re-run on a quiet machine, or pin a choice.
 
 Cost
 ----
 The screen: 3 forward passes of float32 and 3 per low-precision dtype on
-the first batch (about one training step's worth). At most ``(number of candidates) x (warmup + steps)`` training steps, plus
-up to 8 extra warm-up steps for a float16 candidate whose loss scale is
-still settling: with the defaults 3 candidates x 6 = 18 steps for a model
-without 4-D parameters, 5 x 6 = 30 for a convolutional one. A candidate
-whose timed steps were more than 1.5x float32's in every round of the
-first two or more stops being timed (it cannot win): where AMP is clearly
-slower, the probe costs 6 + 3 steps per AMP candidate (12 for an MLP). The
-table's ``steps`` column says how many steps each candidate ran. One copy
-of the module and the optimizers per measured candidate exists during the
-probe besides the net's own (3 for an MLP, 5 for a convolutional model:
-the rounds need them all at once), plus float32's first gradients (one
-float32 value per parameter) for the health check; they are freed when
-the probe ends. The probe's wall time is ``amp_autotune_.probe_s``.
+the first batch (about one training step's worth). Then per candidate
+``warmup`` + 2 to ``steps`` training steps (3 with the defaults on a quiet
+machine: 9 for an MLP, 15 for a convolutional model), each timed one after
+a float32 forward pass, plus up to 8 extra warm-up steps for a float16
+candidate whose loss scale is still settling; the table's ``steps`` column
+says how many each ran. Memory: one training copy (module, gradients,
+optimizer state) at a time, freed before the next is built; float32's copy
+keeps only its module afterwards (for the reference forward pass) and its
+first gradients (one float32 value per parameter) for the health check;
+an AMP candidate's agreement with them is computed on the fly, without a
+copy of its gradients. So the probe holds at most the net's own module, one
+float32 module and one training copy: for AdamW about 1x the net's model +
+optimizer state beyond the fit's own peak (``tools/probe_cost.py`` measures
+it, and the extra wall time, on the benchmark MLP). Everything is freed
+when the probe ends. The probe's wall time is ``amp_autotune_.probe_s``.
 
 Settings (``amp_autotune__<name>``)
 -----------------------------------
