@@ -207,6 +207,18 @@ def test_checkpoint_resume_is_bitexact(data, tmp_path):
     assert resumed.history[:, "train_loss"] == whole.history[:, "train_loss"]
 
 
+def test_a_resume_takes_the_checkpoint_s_choice_without_probing(data, probes, tmp_path):
+    X, y = data
+    X, y = X[:200], y[:200]
+    kw = dict(FP16, amp_fp32_modules="auto")
+    cp = Checkpoint(monitor=None, dirname=str(tmp_path / "cp"))
+    first = make(max_epochs=1, callbacks=[cp], **kw).fit(X, y)
+    assert len(probes) == 1 and first.amp_layout_.auto_fp32_modules
+    resumed = make(max_epochs=1, callbacks=[LoadInitState(cp), cp], **kw).fit(X, y)
+    assert len(probes) == 1  # read from the checkpoint's parameters file, not probed again
+    assert resumed.amp_layout_.auto_fp32_modules == first.amp_layout_.auto_fp32_modules
+
+
 class FirstInput(Overflowing):
     """Records the first input it computes on, and what callbacks saw."""
 
