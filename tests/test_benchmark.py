@@ -618,6 +618,9 @@ def test_new_workloads_run_every_contender(tmp_path):
         entry = summarize(w)
         for row in entry["rows"]:
             c = by_key(w, row["key"])
+            if not c["available"]:  # the peers without the bench extra; an fp16 LSTM on a CPU
+                assert c["error"] and row["ms_per_batch"] is None
+                continue
             assert row["ms_per_batch"] == pytest.approx(c["ms_per_batch"])
             assert row["min_ms"] <= row["ms_per_batch"] <= row["max_ms"]
             assert row["final_loss"] == pytest.approx(c["final_loss"])
