@@ -24,7 +24,7 @@ net fails or trains wrongly:
   Whether ``y`` needs the reshape depends on the module's output (a module
   that returns ``(n,)`` trains correctly on a 1-D ``y``), which is known at
   the first training batch: :func:`check_target_shape` (called there by
-  :func:`ampnet.output_checks.check_loss_inputs`) refuses the mismatch
+  ``ampnet.output_checks.check_loss_inputs``) refuses the mismatch
   with a ``ValueError`` naming both shapes and the fix, instead of
   reshaping ``y`` behind the user's back.
 

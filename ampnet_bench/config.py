@@ -93,7 +93,7 @@ class BenchConfig:
       Model sizes that override the workloads' defaults, as
       ``("workload.size", "value")`` pairs, e.g. ``(("transformer.d_model",
       "128"),)`` (``--dims transformer.d_model=128``); see
-      :data:`ampnet_bench.workloads.MODEL_DIMS`.
+      ``ampnet_bench.workloads.MODEL_DIMS``.
     """
 
     workloads: tuple[str, ...]

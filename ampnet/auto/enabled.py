@@ -180,7 +180,7 @@ class AutotuneResult:
       gradients), ``steps`` (training steps run, warm-up included),
       ``forward_ratio`` (AMP candidates: the screen's forward-pass time
       in their dtype over float32's, see
-      :mod:`ampnet.auto.screen`; absent where the screen did
+      ``ampnet.auto.screen``; absent where the screen did
       not run), ``gain`` and ``spread`` (an AMP candidate's gain over float32 and
       the noise of that measurement, fractions; None if not measured or
       for float32), ``chosen`` and ``reason`` (why it is unhealthy, not
