@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from skorch.classifier import NeuralNetBinaryClassifier, NeuralNetClassifier
 
 __all__ = ["check_target_shape", "prepare_fit_inputs", "prepare_input"]
 
@@ -149,10 +150,42 @@ def _prepare_target(y: Any) -> Any:
     return values
 
 
+def _classifier_target(net: Any, y: Any) -> Any:
+    """A numpy ``y`` in the dtype the classifier's loss takes: class indices
+    as int64 for ``NeuralNetClassifier`` (int32 and other integer kinds
+    cast), 0/1 labels (int or bool) as float32 for
+    ``NeuralNetBinaryClassifier``; text labels refused with the fix."""
+    if not isinstance(y, np.ndarray) or not isinstance(net, (NeuralNetClassifier, NeuralNetBinaryClassifier)):
+        return y
+    if y.dtype.kind in "OUS":
+        shown = ", ".join(repr(str(v)) for v in np.unique(y[:64].astype(str))[:3])
+        raise ValueError(
+            f"y holds text labels ({shown}, ...), but {type(net).__name__} trains on numbers "
+            f"({'class indices 0 to n_classes - 1' if isinstance(net, NeuralNetClassifier) else '0 and 1'}). "
+            "Fix: y = sklearn.preprocessing.LabelEncoder().fit_transform(y)"
+            + ("." if isinstance(net, NeuralNetClassifier) else ", or y = (y == positive_label).astype('float32')."))
+    if isinstance(net, NeuralNetBinaryClassifier):
+        if y.dtype.kind == "f":
+            return y.astype(np.float32, copy=False)  # the loss compares them with float32 logits
+        if y.dtype.kind not in "biu":
+            return y
+        values = np.unique(y)
+        if not set(values.tolist()) <= {0, 1}:
+            raise ValueError(
+                f"y holds the labels {values[:4].tolist()}{' ...' if len(values) > 4 else ''}, but "
+                f"{type(net).__name__} takes 0 and 1 (as floats: BCEWithLogitsLoss). Fix: "
+                "y = (y == positive_label).astype('float32'), or AmpNetClassifier for more than two classes.")
+        return y.astype(np.float32)  # BCEWithLogitsLoss takes float targets
+    if y.dtype.kind in "iu" and y.dtype != np.int64:
+        return y.astype(np.int64)  # CrossEntropyLoss/NLLLoss take int64 class indices
+    return y
+
+
 def prepare_fit_inputs(net: Any, X: Any, y: Any) -> tuple[Any, Any]:
     """``X`` and ``y`` of a ``fit`` or ``partial_fit`` as the net can train
     on them (see the module's docstring): a DataFrame ``X`` through
-    :func:`prepare_input`, a pandas ``y`` as a numpy array.
+    :func:`prepare_input`, a pandas ``y`` as a numpy array, a classifier's
+    ``y`` in the dtype its loss takes.
 
     Parameters
     ----------
@@ -170,7 +203,7 @@ def prepare_fit_inputs(net: Any, X: Any, y: Any) -> tuple[Any, Any]:
     X, y : tuple
       The inputs to train on; the objects passed in where nothing applies.
     """
-    return prepare_input(net, X), _prepare_target(y)
+    return prepare_input(net, X), _classifier_target(net, _prepare_target(y))
 
 
 def check_target_shape(net: Any, y_pred: Any, y_true: Any) -> None:

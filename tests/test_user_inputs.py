@@ -130,3 +130,64 @@ def test_a_1d_target_for_a_1d_output_trains():
     assert np.isfinite(net.history[-1, "train_loss"])
     with pytest.raises(ValueError, match=r"y\.ravel\(\)"):  # the reverse mismatch
         regressor(Flat).fit(X, X[:, :1] * 2)
+
+
+# ---- the dtype of a classifier's y (a new user's first data) ---------------------------
+
+
+class _Logit(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(6, 1)
+
+    def forward(self, X):
+        return self.lin(X).squeeze(-1)
+
+
+class _Probs(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(6, 3)
+
+    def forward(self, X):
+        return torch.softmax(self.lin(X), dim=-1)
+
+
+def _xy(n=64, classes=2, seed=0):
+    rng = np.random.RandomState(seed)
+    X = rng.randn(n, 6).astype(np.float32)
+    return X, rng.randint(0, classes, n)
+
+
+@pytest.mark.parametrize("dtype", ["int64", "int32", "bool", "float64", "uint8"])
+def test_a_binary_classifier_takes_0_1_labels_of_any_numeric_dtype(dtype):
+    from ampnet import AmpNetBinaryClassifier
+
+    X, y = _xy()
+    torch.manual_seed(0)
+    net = AmpNetBinaryClassifier(_Logit, max_epochs=2, train_split=None, verbose=0).fit(X, y.astype(dtype))
+    torch.manual_seed(0)
+    same = AmpNetBinaryClassifier(_Logit, max_epochs=2, train_split=None, verbose=0).fit(X, y.astype("float32"))
+    for a, b in zip(net.module_.parameters(), same.module_.parameters()):
+        assert torch.equal(a, b)  # trains exactly as on float32 labels
+
+
+def test_a_binary_classifier_refuses_labels_other_than_0_and_1():
+    from ampnet import AmpNetBinaryClassifier
+
+    X, y = _xy()
+    with pytest.raises(ValueError, match=r"\[1, 2\].*0 and 1.*Fix: y = \(y == positive_label\)"):
+        AmpNetBinaryClassifier(_Logit, max_epochs=1, train_split=None, verbose=0).fit(X, y + 1)
+
+
+def test_a_classifier_casts_int32_labels_and_refuses_text_labels():
+    from ampnet import AmpNetClassifier
+
+    X, y = _xy(classes=3)
+    torch.manual_seed(0)
+    net = AmpNetClassifier(_Probs, max_epochs=1, train_split=None, verbose=0).fit(X, y.astype("int32"))
+    torch.manual_seed(0)
+    same = AmpNetClassifier(_Probs, max_epochs=1, train_split=None, verbose=0).fit(X, y)
+    assert torch.equal(net.module_.lin.weight, same.module_.lin.weight)
+    with pytest.raises(ValueError, match="text labels.*'a'.*LabelEncoder"):
+        AmpNetClassifier(_Probs, max_epochs=1, train_split=None, verbose=0).fit(X, np.array(list("abc") * 21 + ["a"]))
