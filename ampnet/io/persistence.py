@@ -529,7 +529,8 @@ class PersistenceMixin:
                 f"{float(plain(state['scale'])):g}), but this net trains in {policy.name} "
                 "without loss scaling, so the scaler state was not loaded (everything "
                 "else was). This is expected when switching from float16 to bfloat16 or "
-                "float32; pass f_grad_scaler=None to load without this warning."
+                "float32; pass f_grad_scaler=None to load_params (for a resume: a Checkpoint with "
+                "f_grad_scaler=None in the LoadInitState) to load without this warning."
             )
             return Step(source, lambda: None, message)
         validate_scaler_state(state, source)

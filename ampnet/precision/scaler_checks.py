@@ -178,8 +178,11 @@ def validate_scaler_state(state: Any, source: str = "the state dict") -> None:
         raise ValueError(
             f"{source} holds an empty loss-scaler state: it was saved from a disabled "
             "scaler (AMP off, or bfloat16 without loss scaling) and cannot initialize "
-            "an enabled one. Fix: do not pass it, or load it into a net with the same "
-            "precision settings."
+            "an enabled one (a float16 net). Fix: load it into a net with the precision it was "
+            "saved with; or, to go on in float16 from float32 or bfloat16 weights, load the other "
+            "files without it: load_params(..., f_grad_scaler=None), or, for a resume, "
+            "Checkpoint(..., f_grad_scaler=None) in the LoadInitState (the scale then starts at "
+            "init_scale; that Checkpoint saves no scaler either, so give the saving one its own)."
         )
     required = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
     missing = [key for key in required if key not in state]
