@@ -132,10 +132,21 @@ def _device(value: str) -> str:
     return value
 
 
+def _positive(value: str) -> int:
+    """``--epochs`` and ``--hidden``: an int >= 1 (argparse reports the error)."""
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{number} is not >= 1") from None
+    return number
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ampnet", description=__doc__)
-    parser.add_argument("--epochs", type=int, default=6, help="training epochs of each run (default: 6)")
-    parser.add_argument("--hidden", type=int, default=512,
+    parser.add_argument("--epochs", type=_positive, default=6, help="training epochs of each run (default: 6)")
+    parser.add_argument("--hidden", type=_positive, default=512,
                         help="width of the hidden layers (wider: more room for AMP to pay off)")
     parser.add_argument("--device", type=_device, default="cuda" if torch.cuda.is_available() else "cpu",
                         help="torch device, e.g. cpu, cuda, cuda:1 (default: cuda where available, else cpu)")

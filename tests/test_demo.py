@@ -105,3 +105,17 @@ def test_demo_times_each_fit_after_an_untimed_warm_up(capsys, monkeypatch):
     done = [line for line in out if line.startswith("[")]
     assert all(re.search(r"done in \d+\.\d+ s \(the fit: 2 epochs", line) for line in done), done
     assert "probe included" in done[2] and "probe" not in done[0] + done[1]
+
+
+@pytest.mark.parametrize("option, value, problem", [
+    ("--epochs", "0", "0 is not >= 1"), ("--epochs", "-2", "-2 is not >= 1"),
+    ("--hidden", "0", "0 is not >= 1"), ("--epochs", "two", "'two' is not an integer"),
+])
+def test_demo_refuses_a_count_below_one(capsys, option, value, problem):
+    from ampnet.__main__ import main
+
+    with pytest.raises(SystemExit) as info:
+        main([option, value])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {option}: {problem}" in err and "Traceback" not in err
