@@ -219,8 +219,9 @@ def test_the_reference_forward_pass_cancels_a_change_of_load(data):
 
 
 def test_one_slow_round_does_not_rule_a_candidate_out(data):
-    """Twice float32's time in the first round only (a busy moment): timed on."""
-    timer = NoisyTimer(fp32=[1.0], mixed=[2.0, 0.5, 0.5, 0.5, 0.5])
+    """1.4x float32's time in the first round only (a busy moment; within the
+    screen's 1.5x): timed on."""
+    timer = NoisyTimer(fp32=[1.0], mixed=[1.4, 0.5, 0.5, 0.5, 0.5])
     net = fit(data, timer=timer)
     assert timer.calls.count("mixed") == 5 and timer.calls.count("pure") == 2  # pure: 9x, twice
     assert timer.calls.count("fp32") == 2  # steady: settled after two
@@ -415,19 +416,19 @@ def test_screen_leaves_out_a_dtype_whose_forward_pass_is_far_slower(data):
     for row in amp_rows:
         assert row["forward_ratio"] == pytest.approx(5.0) and row["steps"] == 0 and not row["chosen"]
         assert row["reason"].startswith("not measured: its forward pass took 5.0x")
-        assert "float32" in row["reason"] and "3x" in row["reason"]
+        assert "float32" in row["reason"] and "1.5x" in row["reason"]
     text = str(result)
     assert "chose float32 (AMP off)" in text and "forward pass took 5.0x" in text
 
 
 def test_screen_passes_a_dtype_within_its_bound_and_records_its_ratio(data):
-    timer = Timer(fp32=1.0, mixed=2.9, pure=0.5)
+    timer = Timer(fp32=1.0, mixed=1.45, pure=0.5)
     net = fit(data, timer=timer)
     rows = net.amp_autotune_.table
-    assert [r["forward_ratio"] for r in rows[1:]] == pytest.approx([2.9, 2.9])
+    assert [r["forward_ratio"] for r in rows[1:]] == pytest.approx([1.45, 1.45])
     assert "forward_ratio" not in rows[0]
     assert net.amp_autotune_.params["amp_level"] == "pure"  # timed as before: pure's steps win
-    # steady timings: 2 timed steps each (mixed, 2.9x in its steps too, also clearly slower)
+    # steady timings: 2 timed steps each (mixed, 1.45x in its steps too, settled)
     assert [c["amp_level"] if c["amp_enabled"] else "fp32" for c in timer.calls].count("mixed") == 2
     assert len(timer.calls) == 6
 

@@ -51,9 +51,10 @@ def test_demo_prints_progress_and_table(tmp_path):
     screen = [line for line in after if line.startswith("Screen: ")]
     if screen:  # the screen ran: its ratio, in words
         assert "forward pass took" in screen[0] and "not timed, as it cannot pay off" in screen[0]
-    assert any(line.startswith("step ms: ") and "median" in line for line in after)
     probe = next(line for line in after if line.startswith("Probe: "))
     assert " training steps of " in probe or "no training step timed" in probe.lower()
+    if " training steps of " in probe:  # steps were timed: the table says what its numbers are
+        assert any(line.startswith("step ms: ") and "median" in line for line in after)
     verdict = next(line for line in lines if line.startswith(("AMP does not pay off", "AMP pays off")))
     if chosen.startswith("float32"):
         assert verdict.startswith("AMP does not pay off for this model on this machine")

@@ -32,8 +32,8 @@ Measurement and choice
 ----------------------
 First a screen (:mod:`ampnet.auto.screen`): one forward pass
 per low-precision dtype against float32's, on the net's own module without
-gradients, in eval mode; a dtype more than 3x slower than float32 (an
-emulated one) is not measured further, and when no AMP candidate is left,
+gradients, in eval mode; a dtype more than 1.5x slower than float32 (an
+emulated one, or one this CPU computes slower) is not measured further, and when no AMP candidate is left,
 no copy is built and nothing is timed. Then the candidates are measured one
 after the other, float32's first: a copy of the net is built for the
 candidate, trains ``warmup`` steps (default 1) on the first training batch
@@ -260,7 +260,7 @@ class AutotuneResult:
             found = " and ".join(f"{ratio:.1f}x float32's time in {dtype}" for dtype, ratio in screened.items())
             lines.append(
                 f"Screen: before any training step was timed, a forward pass took {found}; a dtype over "
-                f"{SCREEN_SLOWER:g}x (emulated on this machine) is not timed, as it cannot pay off.")
+                f"{SCREEN_SLOWER:g}x float32's (slower here) is not timed, as it cannot pay off.")
         if not total:
             lines.append(f"Probe: no training step timed (nothing left to compare with float32), "
                          f"{self.probe_s:.2f} s.")
