@@ -14,13 +14,14 @@ a quiet machine".
 from __future__ import annotations
 
 import math
+import statistics
 import re
 import textwrap
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Mapping
 
 from ampnet_bench.contenders import CONTENDERS, HEADLINE_CONTENDERS
-from ampnet_bench.workloads import MODEL_WORKLOADS, get_workload
+from ampnet_bench.workloads import MODEL_WORKLOADS, Target, get_workload
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -70,7 +71,41 @@ _TARGET_TEXT: Mapping[str, tuple[str, str]] = MappingProxyType({
     "ampnet_mixed_vs_fastest_peer": ("AmpNet defaults: speed-up over the fastest peer", ">= 1.0"),
     "ampnet_mixed_vs_best_loop": ("AmpNet defaults: time / fused autocast loop's", "<= 1.053 (>= 0.95x)"),
     "ampnet_auto_vs_fastest_loop": ("auto: speed-up over the fastest of the float32 and fused loops", ">= 0.97"),
+    "ampnet_auto_10_epochs": ("auto, its probe spread over a 10-epoch fit: speed-up over the fastest of the float32 "
+                              "and fused loops", ">= 0.97"),
 })
+
+#: The page's targets (issue 27's, for every workload), judged here from the measured medians
+#: whatever targets a workload's own report judges (the MLP and CNN keep earlier issues' there).
+_PAGE_TARGETS: Mapping[str, Target] = MappingProxyType({
+    "ampnet_mixed_vs_fastest_peer": Target("ampnet_mixed_vs_fastest_peer", ">=", 1.0),
+    "ampnet_mixed_vs_best_loop": Target("ampnet_mixed_vs_best_loop", "<=", 1 / 0.95),
+    "ampnet_auto_vs_fastest_loop": Target("ampnet_auto_vs_fastest_loop", ">=", 0.97),
+    "ampnet_auto_10_epochs": Target("ampnet_auto_10_epochs", ">=", 0.97),
+})
+
+#: Measured epochs per run of the page's command (``docs_command``): an epoch of the auto contender
+#: carries 1/EPOCHS of its probe.
+MEASURED_EPOCHS = 2
+
+
+def _auto_over_10_epochs(workload: dict[str, Any]) -> float | None:
+    """The median, over the rounds, of the fastest of the float32 and fused loops' epoch time over
+    the auto contender's, with its probe spread over 10 epochs instead of the measured ones."""
+    by_key = {c["key"]: c for c in workload["contenders"]}
+    auto = by_key.get("ampnet-auto")
+    loops = [by_key.get(k) for k in ("raw-fp32", "raw-amp-fused")]
+    if not auto or not auto.get("auto_choice") or not all(loops) or not all(c["available"] for c in [auto, *loops]):
+        return None
+    probes = auto["auto_choice"].get("probe_s") or []
+    ratios = []
+    for r, (t, probe) in enumerate(zip(auto["round_times_s"], probes)):
+        best = [c["round_times_s"][r] for c in loops if r < len(c["round_times_s"]) and c["round_times_s"][r]]
+        if not t or not best or probe is None:
+            continue
+        over_10 = t - probe / MEASURED_EPOCHS + probe / 10
+        ratios.append(min(best) / over_10)
+    return statistics.median(ratios) if ratios else None
 
 _FRAMEWORK: Mapping[str, str] = MappingProxyType({c.key: c.framework for c in CONTENDERS})
 
@@ -161,8 +196,12 @@ def summarize(workload: dict[str, Any]) -> dict[str, Any]:
         ))
     comps = {c["key"]: c for c in workload["comparisons"]}
     targets = [{"key": k, "median": comps[k]["median"] if k in comps else None,
-                "met": comps[k]["met"] if k in comps else None,
+                "met": (_PAGE_TARGETS[k].met(comps[k]["median"])
+                        if k in comps and comps[k]["median"] is not None else None),
                 "verdict": comps[k]["verdict"] if k in comps else None} for k in TARGET_KEYS]
+    ten = _auto_over_10_epochs(workload)
+    targets.append({"key": "ampnet_auto_10_epochs", "median": ten, "verdict": "probe spread over 10 epochs",
+                    "met": _PAGE_TARGETS["ampnet_auto_10_epochs"].met(ten) if ten is not None else None})
     auto = next((c.get("auto_choice") for c in workload["contenders"] if c.get("auto_choice")), None)
     aa = workload.get("aa_control")
     return {
