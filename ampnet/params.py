@@ -17,7 +17,6 @@ String choices follow one rule: case and surrounding spaces do not matter
 
 from __future__ import annotations
 
-import difflib
 import math
 from dataclasses import dataclass
 from numbers import Integral, Real
@@ -28,7 +27,7 @@ import torch
 
 from ampnet.precision import GradScaler, check_device, dtype_name, parse_amp_dtype, parse_selectors
 from ampnet.precision import validate_scaler_settings
-from ampnet.validation import describe, is_bool
+from ampnet.validation import describe, is_bool, named_with_hints
 
 __all__ = [
     "Param", "PARAMS", "REBUILDS", "check", "check_all", "check_names", "is_auto", "rebuilds", "auto_inputs",
@@ -307,12 +306,8 @@ def check_names(prefix: str, given: Mapping[str, Any]) -> None:
     unknown = sorted(set(given) - set(valid))
     if not unknown:
         return
-    hints = []
-    for key in unknown:
-        close = difflib.get_close_matches(key, valid, n=1)
-        hints.append(f"{prefix}__{key}" + (f" (did you mean {prefix}__{close[0]}?)" if close else ""))
     raise ValueError(
-        f"Unknown {prefix} setting(s): {', '.join(hints)}. Valid settings are: "
+        f"Unknown {prefix} setting(s): {named_with_hints(prefix, unknown, valid)}. Valid settings are: "
         f"{', '.join(prefix + '__' + v for v in valid)}. Fix: correct the name, or drop it.")
 
 

@@ -7,6 +7,7 @@ Every function here only inspects; none changes its arguments.
 from __future__ import annotations
 
 import builtins
+import difflib
 import math
 from collections.abc import Mapping
 from numbers import Integral, Real
@@ -28,6 +29,17 @@ def is_bool(value: Any) -> bool:
     """Whether ``value`` is ``True``/``False``, as Python or numpy booleans
     (scikit-learn accepts both)."""
     return isinstance(value, (bool, np.bool_))
+
+
+def named_with_hints(prefix: str, unknown: Any, valid: Any) -> str:
+    """``prefix__name`` for each of the ``unknown`` names, with the closest
+    ``valid`` one where there is one: ``'grad_scaler__growth_factr (did you
+    mean grad_scaler__growth_factor?)'``, comma-separated."""
+    hints = []
+    for key in unknown:
+        close = difflib.get_close_matches(key, list(valid), n=1)
+        hints.append(f"{prefix}__{key}" + (f" (did you mean {prefix}__{close[0]}?)" if close else ""))
+    return ", ".join(hints)
 
 
 def describe(value: Any) -> str:

@@ -23,7 +23,7 @@ from ampnet.exceptions import amp_warn
 
 __all__ = [
     "get_rng_state", "set_rng_state", "validate_rng_state", "prepare_rng_state",
-    "capture_rng_state", "PreparedRngState",
+    "PreparedRngState",
 ]
 
 _VERSION = 1
@@ -112,27 +112,6 @@ class PreparedRngState:
                 f"but only {available} CUDA device(s) are available here; the other states "
                 "were not restored, so CUDA random numbers (e.g. dropout on the GPU) will "
                 "differ from the interrupted run.")
-
-
-def capture_rng_state() -> Callable[[], None]:
-    """Snapshot the global generators as they are; return what restores them
-    exactly (used to undo a failed load)."""
-    torch_state = torch.get_rng_state()
-    numpy_state = np.random.get_state(legacy=False)
-    python_state = random.getstate()
-    cuda_states = (
-        torch.cuda.get_rng_state_all()
-        if torch.cuda.is_available() and torch.cuda.is_initialized() else None
-    )
-
-    def restore() -> None:
-        torch.set_rng_state(torch_state)
-        np.random.set_state(numpy_state)
-        random.setstate(python_state)
-        if cuda_states is not None:
-            torch.cuda.set_rng_state_all(cuda_states)
-
-    return restore
 
 
 def _mt_problems(key: str, words: torch.Tensor) -> list[str]:

@@ -27,9 +27,12 @@ def _fused_check_pays(device: torch.device, grads: list[torch.Tensor]) -> bool:
     return numel <= _FUSED_CHECK_MAX_NUMEL
 
 
-def grads_by_device_dtype(params: Iterable[torch.Tensor]) -> dict[tuple[torch.device, torch.dtype], list[torch.Tensor]]:
-    """The gradients of ``params`` (sparse ones as their values), grouped by
-    device and dtype for torch's foreach kernels; parameters without a
+def grads_by_device_dtype(
+    params: Iterable[torch.Tensor], coalesce: tuple[torch.dtype, ...] | None = None,
+) -> dict[tuple[torch.device, torch.dtype], list[torch.Tensor]]:
+    """The gradients of ``params`` (sparse ones as their values, coalesced
+    first: all of them, or those of the dtypes ``coalesce`` names), grouped
+    by device and dtype for torch's foreach kernels; parameters without a
     gradient are left out."""
     groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
     for p in params:
@@ -37,7 +40,7 @@ def grads_by_device_dtype(params: Iterable[torch.Tensor]) -> dict[tuple[torch.de
         if g is None:
             continue
         if g.is_sparse:
-            g = g.coalesce()._values()
+            g = (g.coalesce() if coalesce is None or g.dtype in coalesce else g)._values()
         groups.setdefault((g.device, g.dtype), []).append(g)
     return groups
 
@@ -85,14 +88,7 @@ def unscale_flag(params: Iterable[torch.Tensor], device: torch.device) -> torch.
     scaler reads its overflow flags this way, through no private state of
     the scaler.
     """
-    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
-    for p in params:
-        g = p.grad
-        if g is None:
-            continue
-        if g.is_sparse:
-            g = (g.coalesce() if g.dtype is torch.float16 else g)._values()
-        groups.setdefault((g.device, g.dtype), []).append(g)
+    groups = grads_by_device_dtype(params, coalesce=(torch.float16,))
     flags = []
     with torch.no_grad():
         for (dev, _), grads in groups.items():

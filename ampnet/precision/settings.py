@@ -13,7 +13,6 @@ anything.
 
 from __future__ import annotations
 
-import difflib
 import inspect
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -23,6 +22,7 @@ import torch
 from ampnet.precision.policy import PrecisionPolicy, resolve_precision
 from ampnet.precision.scaler import GradScaler
 from ampnet.precision.scaler_checks import validate_scaler_settings
+from ampnet.validation import named_with_hints
 
 __all__ = [
     "PrecisionSettings", "build_settings", "scaling_enabled",
@@ -177,12 +177,8 @@ def _scaler_params(scaler: Any, params: Mapping[str, Any]) -> dict[str, Any]:
     valid = init_param_names(cls, exclude=("self", "device"))
     unknown = sorted(set(kwargs) - set(valid))
     if unknown:
-        hints = []
-        for key in unknown:
-            close = difflib.get_close_matches(key, valid, n=1)
-            hints.append(f"grad_scaler__{key}" + (f" (did you mean grad_scaler__{close[0]}?)" if close else ""))
         raise ValueError(
-            f"Unknown loss-scaler parameter(s): {', '.join(hints)}. Valid parameters of "
+            f"Unknown loss-scaler parameter(s): {named_with_hints('grad_scaler', unknown, valid)}. Valid parameters of "
             f"{cls.__name__} are: {', '.join('grad_scaler__' + v for v in valid)}."
         )
     if isinstance(scaler, GradScaler):
