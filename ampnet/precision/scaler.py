@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from ampnet.precision.scaler_state import ONLY_IN_0_3, SETTING_NAMES, as_float, cast_setting, own_state, state_of_0_3
+from ampnet.precision.unscale import unscale_in_place
 from ampnet.precision.scaler_checks import (  # noqa: F401  (re-exported)
     FLOAT32_MAX,
     FLOAT32_TINY,
@@ -44,30 +46,8 @@ LIVE_SETTINGS = (
     "hysteresis",
 )
 
-#: The settings of a scaler (``get_settings()``), in constructor order.
-_SETTING_NAMES = (
-    "init_scale", "growth_factor", "backoff_factor", "growth_interval",
-    "min_scale", "max_scale", "hysteresis", "dynamic", "enabled",
-)
-_INT_SETTINGS = ("growth_interval", "hysteresis")
-_BOOL_SETTINGS = ("dynamic", "enabled")
-
 #: Stages of an optimizer in the current step (what torch calls OptState).
 _UNSCALED, _STEPPED = "unscaled", "stepped"
-
-
-def _cast_setting(name: str, value: Any) -> Any:
-    """A setting as the plain Python type the scaler keeps."""
-    if name in _INT_SETTINGS:
-        return int(value)
-    if name in _BOOL_SETTINGS:
-        return bool(value)
-    return float(value)
-
-
-def _as_float(value: Any) -> float:
-    """A scale as a Python float (a state may hold a one-element tensor)."""
-    return float(value.item()) if isinstance(value, torch.Tensor) else float(value)
 
 
 class GradScaler(torch.amp.GradScaler):
@@ -180,7 +160,7 @@ class GradScaler(torch.amp.GradScaler):
             growth_interval=growth_interval, min_scale=min_scale, max_scale=max_scale,
             hysteresis=hysteresis, dynamic=dynamic, enabled=enabled,
         )
-        self.__dict__.update(_own_state(str(device), {k: _cast_setting(k, v) for k, v in settings.items()}))
+        self.__dict__.update(own_state(str(device), {k: cast_setting(k, v) for k, v in settings.items()}))
 
     def __repr__(self) -> str:
         """``GradScaler(device='cpu', init_scale=256.0)``: the device and the
@@ -226,7 +206,7 @@ class GradScaler(torch.amp.GradScaler):
         ``ampnet.precision.settings.read_settings``)."""
         own = self._ampnet_settings
         for name, value in settings.items():
-            own[name] = _cast_setting(name, value)
+            own[name] = cast_setting(name, value)
         if own["enabled"] and self._loss_scale is not None:
             self._loss_scale.clamp_(own["min_scale"], own["max_scale"])
         elif own["enabled"]:  # the scale tensor is made at the first scale()
@@ -349,7 +329,7 @@ class GradScaler(torch.amp.GradScaler):
             raise RuntimeError("unscale_() is being called after step().")
         # as torch: the reciprocal in float64 (float32 division can be imprecise)
         inv_scale = scale.reciprocal() if scale.device.type == "mps" else scale.double().reciprocal().float()
-        found = _unscale_in_place(optimizer, inv_scale, allow_fp16)
+        found = unscale_in_place(optimizer, inv_scale, allow_fp16)
         self._step_records[id(optimizer)] = {"stage": _UNSCALED, "found_inf": found}
 
     def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> Any:
@@ -372,7 +352,7 @@ class GradScaler(torch.amp.GradScaler):
             if unscaled:
                 found = record["found_inf"]
             else:  # check only: the fused kernel unscales
-                found = _unscale_in_place(optimizer, torch.ones_like(scale), allow_fp16=True)
+                found = unscale_in_place(optimizer, torch.ones_like(scale), allow_fp16=True)
             optimizer.grad_scale = (  # type: ignore[attr-defined]
                 getattr(optimizer, "grad_scale", None) if unscaled
                 else scale * getattr(optimizer, "grad_scale", 1)
@@ -573,7 +553,7 @@ class GradScaler(torch.amp.GradScaler):
         if not self.is_enabled():
             return
         validate_scaler_state(state_dict)
-        scale = _as_float(state_dict["scale"])
+        scale = as_float(state_dict["scale"])
         tracker = int(state_dict["_growth_tracker"])
         self._start_scale, self._start_good_steps = scale, tracker
         if self._loss_scale is not None:
@@ -583,7 +563,7 @@ class GradScaler(torch.amp.GradScaler):
         for name in ("growth_factor", "backoff_factor", "growth_interval",
                      "min_scale", "max_scale", "hysteresis", "dynamic"):
             if name in state_dict:
-                settings[name] = _cast_setting(name, state_dict[name])
+                settings[name] = cast_setting(name, state_dict[name])
         if "_overflow_streak" in state_dict:
             self._overflow_streak = int(state_dict["_overflow_streak"])
 
@@ -602,102 +582,10 @@ class GradScaler(torch.amp.GradScaler):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         if "_ampnet_settings" not in state:  # pickled by ampnet 0.3
-            own = _state_of_0_3(state)
-            state = {k: v for k, v in state.items() if k not in _ONLY_IN_0_3}
+            own = state_of_0_3(state)
+            state = {k: v for k, v in state.items() if k not in ONLY_IN_0_3}
             state.update(own)
         self.__dict__.update(state)
-
-
-def _own_state(device: str, settings: dict[str, Any]) -> dict[str, Any]:
-    """The attributes that a :class:`GradScaler` keeps its state in, for a
-    scaler that has not scaled yet."""
-    return {
-        "_ampnet_device": device,
-        "_ampnet_settings": settings,
-        "_start_scale": settings["init_scale"],  # the scale tensor starts here
-        "_start_good_steps": 0,
-        "_loss_scale": None,
-        "_good_steps": None,
-        "_overflow_count": 0,
-        "_streak": None,
-        "_step_records": {},
-        "_planned": None,
-        "scaled_in_step": False,
-    }
-
-
-#: Attributes of ampnet 0.3's scaler that this version keeps elsewhere
-#: (``_ampnet_settings``); torch's own fields stay, as torch's part.
-_ONLY_IN_0_3 = ("_init_scale_setting", "_min_scale", "_max_scale", "_hysteresis", "_dynamic", "_allow_fp16")
-
-
-def _state_of_0_3(state: dict[str, Any]) -> dict[str, Any]:
-    """The attributes of this version from the ``__dict__`` of a scaler
-    pickled by ampnet 0.3, which kept its settings and scale in torch's
-    fields: the pickle's keys are read as data, never torch's live state."""
-    enabled = bool(state["_enabled"])
-    settings = {
-        "init_scale": state["_init_scale_setting"],
-        "growth_factor": state["_growth_factor"],
-        "backoff_factor": state["_backoff_factor"],
-        "growth_interval": state["_growth_interval"],
-        "min_scale": state["_min_scale"],
-        "max_scale": state["_max_scale"],
-        "hysteresis": state["_hysteresis"],
-        "dynamic": state["_dynamic"],
-        "enabled": enabled,
-    }
-    own = _own_state(str(state["_device"]), {k: _cast_setting(k, v) for k, v in settings.items()})
-    if enabled:  # torch's __getstate__ put the scale and the tracker there as plain values
-        own["_start_scale"] = _as_float(state["_init_scale"])
-        own["_start_good_steps"] = int(state["_init_growth_tracker"])
-    own["_overflow_count"] = int(state.get("_overflow_count", 0))
-    own["scaled_in_step"] = bool(state.get("scaled_in_step", False))
-    return own
-
-
-def _unscale_in_place(optimizer: torch.optim.Optimizer, inv_scale: torch.Tensor, allow_fp16: bool) -> torch.Tensor:
-    """Multiply ``optimizer``'s gradients by ``inv_scale`` in place and flag
-    inf/NaN in them, as torch's scaler does: one fused kernel per device and
-    dtype; a sparse float16 gradient is coalesced first (duplicates summed
-    in float16 may overflow), others are checked over their values. Returns
-    the flag, a float32 tensor on ``inv_scale``'s device (> 0: found).
-
-    Raises
-    ------
-    ValueError
-      A float16 gradient without ``allow_fp16``.
-    """
-    groups: dict[torch.device, dict[torch.dtype, list[torch.Tensor]]] = {}
-    with torch.no_grad():
-        for group in optimizer.param_groups:
-            for param in group["params"]:
-                if param.grad is None:
-                    continue
-                if not allow_fp16 and param.grad.dtype == torch.float16:
-                    raise ValueError("Attempting to unscale FP16 gradients.")
-                if param.grad.is_sparse:
-                    if param.grad.dtype is torch.float16:
-                        param.grad = param.grad.coalesce()
-                    grad = param.grad._values()
-                else:
-                    grad = param.grad
-                groups.setdefault(grad.device, {}).setdefault(grad.dtype, []).append(grad)
-        home = inv_scale.device
-        found = torch.full((), 0.0, dtype=torch.float32, device=home)
-        flags = [found]
-        for device, by_dtype in groups.items():
-            if device == home:
-                flag, inv = found, inv_scale
-            else:
-                flag = torch.full((), 0.0, dtype=torch.float32, device=device)
-                inv = inv_scale.to(device, non_blocking=True, copy=True)
-                flags.append(flag)
-            for grads in by_dtype.values():
-                torch._amp_foreach_non_finite_check_and_unscale_(grads, flag, inv)
-    if len(flags) == 1:
-        return found
-    return torch.stack([f.to(home, non_blocking=True) for f in flags]).sum()
 
 
 def move_scaler(scaler: torch.amp.GradScaler, device_type: str) -> None:
