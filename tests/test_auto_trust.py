@@ -15,6 +15,7 @@ from ampnet import AmpNetClassifier, AmpWarning
 from ampnet.auto.saved import ENABLED_KEY
 from ampnet.checkpoint import Checkpoint, LoadInitState
 from conftest import timed_probes
+from test_autotune import fit, kw  # the auto test module's fitting helpers (one copy)
 from test_training_loop import Logits
 
 BF16_MIXED = {"amp_enabled": True, "amp_dtype": "bfloat16", "amp_level": "mixed",
@@ -41,23 +42,11 @@ class Timer:
         return self.times[params["amp_level"]]
 
 
-def kw(**extra):
-    base = dict(module=Logits, criterion=torch.nn.CrossEntropyLoss, optimizer=torch.optim.Adam,
-                max_epochs=2, lr=0.05, batch_size=16, train_split=None, verbose=0,
-                iterator_train__shuffle=True, amp_enabled="auto")
-    base.update(extra)
-    return base
-
-
 @pytest.fixture(scope="module")
 def data(classifier_data):
     return classifier_data[0][:64], classifier_data[1][:64]
 
 
-def fit(data, timer=None, seed=0, **extra):
-    torch.manual_seed(seed)
-    with timed_probes(timer):
-        return AmpNetClassifier(**kw(**extra)).fit(*data)
 
 
 def amp_messages(record):
