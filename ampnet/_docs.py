@@ -11,11 +11,14 @@ AMP_DOC = """
       and the AMP settings that can pay off (mixed and pure precision,
       channels_last for convolutional models) on copies of the module and
       optimizer, and the net trains with the fastest healthy one; AMP only
-      when it beats float32 by more than 5%. The choice and the table are
+      when it beats float32 by more than 5%. The probe costs at most 3% of
+      the fit's float32 training time (``amp_autotune__budget``): a fit of
+      fewer than about 310 training steps keeps float32 without
+      measuring. The choice and the table are
       the fitted attribute ``amp_autotune_`` (``AmpNet(**net.amp_autotune_.params)``
       trains bitwise the same); other AMP settings narrow the candidates;
       the probe's cost and settings (``amp_autotune__steps``, ``__warmup``,
-      ``__margin``, ``__min_cosine``) are in
+      ``__margin``, ``__budget``, ``__min_cosine``) are in
       ``ampnet.auto``. With False the net
       trains as the skorch net it replaces, bitwise, except that a step
       with non-finite gradients is skipped (see ``amp_skip_nonfinite``).

@@ -146,6 +146,16 @@ def _number_in(name: str, low: float, high: float, high_open: bool, fix: str) ->
     return check
 
 
+def _budget(value: Any) -> Any:
+    if value is None:
+        return None
+    if isinstance(value, Real) and not is_bool(value) and 0.0 < float(value) <= 1.0:
+        return float(value)
+    raise _refuse("amp_autotune__budget", value, "None or a number in (0, 1]",
+                  "leave it at 0.03 (the probe costs at most 3% of the fit), or pass None to measure "
+                  "whatever the fit's length.")
+
+
 def _amp_enabled(value: Any) -> Any:
     return _choice("amp_enabled", (True, False, "auto"),
                    "amp_enabled=True (mixed precision), False (float32, as skorch) or 'auto' (measure "
@@ -259,6 +269,8 @@ _ROWS += [
     _row("amp_autotune__margin", 0.05,
          _number_in("amp_autotune__margin", 0.0, 1.0, True, "leave it at 0.05, or pass a number in [0, 1)."),
          (NOTHING,), doc="'auto': how much faster than float32 AMP must be"),
+    _row("amp_autotune__budget", 0.03, _budget, (NOTHING,),
+         doc="'auto': the most its probe may cost, as a share of the fit's float32 training time (None: no limit)"),
     _row("amp_autotune__min_cosine", 0.98,
          _number_in("amp_autotune__min_cosine", -1.0, 1.0, False, "leave it at 0.98, or pass a number in [-1, 1]."),
          (NOTHING,), doc="'auto': agreement of a candidate's first gradients with float32's"),

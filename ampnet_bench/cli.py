@@ -8,7 +8,7 @@ import sys
 from types import MappingProxyType
 from typing import Any, Sequence
 
-from ampnet_bench.config import BATCHING, ISOLATION, MEMORY_METHODS, OPTIMIZERS, BenchConfig
+from ampnet_bench.config import AUTO_FIT_EPOCHS, BATCHING, ISOLATION, MEMORY_METHODS, OPTIMIZERS, BenchConfig
 from ampnet_bench.contenders import CONTENDER_KEYS
 from ampnet_bench.machine import load_warning, usable_cores
 from ampnet_bench.report import to_markdown, write_all
@@ -114,6 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="override model sizes, e.g. transformer.d_model=128 rnn.cell=gru "
                         "resnet.widths=32-64-128-256 (sizes: "
                         + "; ".join(f"{w}: {', '.join(full)}" for w, (full, _) in MODEL_DIMS.items()) + ")")
+    p.add_argument("--auto-fit-epochs", type=_positive_int, default=AUTO_FIT_EPOCHS, metavar="N",
+                   help="the fit amp_enabled='auto' is told it runs (max_epochs; its probe's budget is a "
+                        "share of it); its run stops after the warm-up and measured epochs "
+                        f"(default: {AUTO_FIT_EPOCHS})")
     p.add_argument("--quick", action="store_true",
                    help="tiny sizes and few rounds: a smoke test whose timings are not comparable "
                         "with full runs")
@@ -186,6 +190,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         contenders=args.contenders,
         isolation=args.isolation,
         dims=tuple(args.dims),
+        auto_fit_epochs=args.auto_fit_epochs,
         **run_lengths,
     )
 

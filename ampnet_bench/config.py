@@ -30,6 +30,11 @@ MEMORY_METHODS = ("auto", "subprocess", "inprocess", "off")
 ISOLATION = ("auto", "process", "inprocess")
 
 
+#: The fit that ``amp_enabled='auto'`` is measured for, in epochs (``BenchConfig.auto_fit_epochs``):
+#: issue 27's target spreads its probe over a 10-epoch fit.
+AUTO_FIT_EPOCHS = 10
+
+
 @dataclass(frozen=True)
 class BenchConfig:
     """Settings of one benchmark invocation.
@@ -89,6 +94,13 @@ class BenchConfig:
       ``'inprocess'`` runs them all in this process; ``'auto'``: inprocess
       in quick mode, process otherwise.
 
+    auto_fit_epochs : int
+      The fit that ``amp_enabled='auto'``'s net is told it runs
+      (``max_epochs``): its probe's budget (``amp_autotune__budget``) is a
+      share of that fit, and the report spreads its probe over as many
+      epochs. The run stops after ``warmup + epochs`` of them, as
+      skorch's ``EarlyStopping`` stops a fit.
+
     dims : tuple of (str, str)
       Model sizes that override the workloads' defaults, as
       ``("workload.size", "value")`` pairs, e.g. ``(("transformer.d_model",
@@ -115,6 +127,7 @@ class BenchConfig:
     contenders: tuple[str, ...] | None = None
     isolation: str = "auto"
     dims: tuple[tuple[str, str], ...] = ()
+    auto_fit_epochs: int = AUTO_FIT_EPOCHS
 
     # ---- derived settings -------------------------------------------------
 

@@ -267,14 +267,20 @@ class EpochClock(Callback):
     device : str
       The net's device; CUDA is synchronized before reading the clock.
 
+    stop_after : int or None
+      End the fit after this many epochs (raising ``KeyboardInterrupt``,
+      which skorch's ``partial_fit`` takes as the end of training, as
+      ``EarlyStopping`` does); None: run ``max_epochs``.
+
     Attributes
     ----------
     epoch_times_ : list of float
       Seconds per epoch, from ``on_epoch_begin`` to ``on_epoch_end``.
     """
 
-    def __init__(self, device: str = "cpu") -> None:
+    def __init__(self, device: str = "cpu", stop_after: int | None = None) -> None:
         self.device = device
+        self.stop_after = stop_after
 
     def initialize(self) -> "EpochClock":
         self.epoch_times_: list[float] = []
@@ -288,6 +294,8 @@ class EpochClock(Callback):
     def on_epoch_end(self, net: Any, **kwargs: Any) -> None:
         _sync(self.device)
         self.epoch_times_.append(time.perf_counter() - self._start)
+        if self.stop_after is not None and len(self.epoch_times_) >= self.stop_after:
+            raise KeyboardInterrupt  # skorch ends the fit here, as EarlyStopping does
 
 
 # ---- helpers ----------------------------------------------------------------
@@ -473,9 +481,12 @@ def _state_bytes(module: nn.Module, optimizers: list[torch.optim.Optimizer]) -> 
 def _net_train(
     contender: Contender, wl: Workload, data: Data, cfg: BenchConfig, epochs: int
 ) -> tuple[list[float], float, NeuralNetClassifier]:
-    clock = EpochClock(cfg.device)
+    # 'auto' is told the fit it is measured for (its probe's budget is a share of it), and
+    # stopped after the epochs that are timed
+    fit_epochs = max(epochs, cfg.auto_fit_epochs) if contender.auto else epochs
+    clock = EpochClock(cfg.device, stop_after=epochs if fit_epochs > epochs else None)
     net = _make_net(
-        contender, wl.build_module(cfg.seed), wl, cfg, max_epochs=epochs, callbacks=[clock]
+        contender, wl.build_module(cfg.seed), wl, cfg, max_epochs=fit_epochs, callbacks=[clock]
     )
     net.fit(data.X, data.y)
     return list(clock.epoch_times_), float(net.history[-1, "train_loss"]), net

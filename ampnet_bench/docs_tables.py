@@ -20,6 +20,7 @@ import textwrap
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Mapping
 
+from ampnet_bench.config import AUTO_FIT_EPOCHS
 from ampnet_bench.contenders import CONTENDERS, HEADLINE_CONTENDERS
 from ampnet_bench.workloads import MODEL_WORKLOADS, Target, get_workload
 
@@ -103,7 +104,7 @@ def _auto_over_10_epochs(workload: dict[str, Any]) -> float | None:
         best = [c["round_times_s"][r] for c in loops if r < len(c["round_times_s"]) and c["round_times_s"][r]]
         if not t or not best or probe is None:
             continue
-        over_10 = t - probe / MEASURED_EPOCHS + probe / 10
+        over_10 = t - probe / MEASURED_EPOCHS + probe / AUTO_FIT_EPOCHS
         ratios.append(min(best) / over_10)
     return statistics.median(ratios) if ratios else None
 

@@ -43,7 +43,8 @@ class Timer:
 
 def kw(**extra):
     base = dict(module=Logits, criterion=torch.nn.CrossEntropyLoss, optimizer=torch.optim.Adam, max_epochs=1,
-                lr=0.05, batch_size=16, train_split=None, verbose=0, amp_enabled="auto")
+                lr=0.05, batch_size=16, train_split=None, verbose=0, amp_enabled="auto",
+                amp_autotune__budget=None)  # a fit far too short for the default budget
     base.update(extra)
     return base
 

@@ -54,7 +54,8 @@ class Timer:
 def kw(**extra):
     base = dict(module=Logits, criterion=torch.nn.CrossEntropyLoss, optimizer=torch.optim.Adam,
                 max_epochs=2, lr=0.05, batch_size=16, train_split=None, verbose=0,
-                iterator_train__shuffle=True, amp_enabled="auto")
+                iterator_train__shuffle=True, amp_enabled="auto",
+                amp_autotune__budget=None)  # these fits are far too short for the default budget
     base.update(extra)
     return base
 
@@ -373,6 +374,10 @@ def test_amp_enabled_other_values_are_refused(value):
     ({"amp_autotune__steps": 0}, r"amp_autotune__steps must be an int in \[1, 100\]; got 0"),
     ({"amp_autotune__margin": 1.5}, r"amp_autotune__margin must be a number in \[0, 1\)"),
     ({"amp_autotune__steps": 101}, r"amp_autotune__steps must be an int in \[1, 100\]; got 101"),
+    ({"amp_autotune__budget": 0}, r"amp_autotune__budget must be None or a number in \(0, 1\]; got 0 \(int\)\. Fix: .*None"),
+    ({"amp_autotune__budget": 1.5}, r"amp_autotune__budget must be None or a number in \(0, 1\]; got 1\.5"),
+    ({"amp_autotune__budget": True}, r"amp_autotune__budget must be None or a number in \(0, 1\]; got True"),
+    ({"amp_autotune__budget": "3%"}, r"amp_autotune__budget must be None or a number in \(0, 1\]; got '3%'"),
     ({"amp_autotune__timer": "fast"}, r"Unknown amp_autotune setting.*amp_autotune__timer"),
     ({"amp_autotune__stepz": 3}, r"amp_autotune__stepz \(did you mean amp_autotune__steps\?\)"),
 ])

@@ -424,15 +424,19 @@ def test_ampnet_auto_contender_includes_its_probe(monkeypatch):
     from ampnet_bench import contenders
 
     real = probe.run_probe
+    seen = []
 
-    def slow_probe(*args, **kwargs):
-        result = real(*args, **kwargs)
+    def slow_probe(net, *args, **kwargs):
+        result = real(net, *args, **kwargs)
+        seen.append((net.max_epochs, result.fit_steps))
         result.probe_s = 100.0  # a probe of 100 s: 50 s in each of the 2 measured epochs
         return result
 
     monkeypatch.setattr("ampnet.auto.run_probe", slow_probe)  # the door's name for it
     cfg, wl, data = _tiny(("ampnet-auto",))
     outcome = contenders.run_contender(_contender("ampnet-auto"), wl, data, cfg)
+    # 'auto' is told the 10-epoch fit its probe's budget is a share of, and stopped after the 1 + 2 timed
+    assert cfg.auto_fit_epochs == 10 and seen == [(10, 10 * wl.n_batches)]
     assert len(outcome.epoch_times) == 2 and all(50.0 < t < 60.0 for t in outcome.epoch_times)
     assert math.isfinite(outcome.final_loss)
     assert not [w for w in outcome.warnings if "no effect" in w]

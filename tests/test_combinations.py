@@ -50,7 +50,7 @@ class FixedTimer:
 #: name -> (net keyword arguments, module kind: "mlp" or "conv")
 SETTINGS = {
     "off": ({}, "mlp"),
-    "auto-enabled": (dict(amp_enabled="auto", amp_autotune__steps=1,
+    "auto-enabled": (dict(amp_enabled="auto", amp_autotune__steps=1, amp_autotune__budget=None,
                           amp_autotune__warmup=0), "mlp"),
     "bf16-mixed": (BF16, "mlp"),
     "fp16-mixed": (FP16, "mlp"),

@@ -50,8 +50,9 @@ def resolve(net: Any, X: Any, y: Any = None, **fit_params: Any) -> None:
     if not (enabled or _fp32_pending(net)):
         return
     saved, source = _resume_state(net)
+    epochs = fit_params.pop("epochs", None)  # fit(X, y, epochs=n): fit_loop's, not the data's
     if enabled:
-        _resolve_enabled(net, X, y, saved, source,
+        _resolve_enabled(net, X, y, saved, source, epochs,
                          **{k: v for k, v in fit_params.items() if k != "_routing_method"})
     if _fp32_pending(net):
         names = None
@@ -69,7 +70,8 @@ def _fp32_pending(net: Any) -> bool:
     return prec is not None and prec.auto_pending and isinstance(net.__dict__.get("module_"), torch.nn.Module)
 
 
-def _resolve_enabled(net: Any, X: Any, y: Any, saved: Any, source: str | None, **fit_params: Any) -> None:
+def _resolve_enabled(net: Any, X: Any, y: Any, saved: Any, source: str | None, epochs: int | None,
+                     **fit_params: Any) -> None:
     result = None
     if saved is not None:
         params, problem = enabled_choice(saved)
@@ -81,7 +83,7 @@ def _resolve_enabled(net: Any, X: Any, y: Any, saved: Any, source: str | None, *
             result = AutotuneResult(params=params, device=str(net.device), source="loaded")
     if result is None:
         try:
-            result = run_probe(net, X, y, **fit_params)
+            result = run_probe(net, X, y, epochs, **fit_params)
         except CopyFailed as exc:
             params = pending_params(reconfigure.checked_params(net)["memory_format"])
             result = AutotuneResult(params=params, device=str(net.device), source="fallback", note=str(exc))

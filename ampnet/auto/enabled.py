@@ -77,6 +77,28 @@ screen's, the result's ``disturbed`` says so, ``str(amp_autotune_)`` too,
 and the fit warns (``AmpWarning``) with the fix: the choice is made once,
 for the whole fit; re-run on a quiet machine, or pin a choice.
 
+Budget
+------
+The probe measures only as much as the fit can pay for:
+``amp_autotune__budget`` (default 0.03) is the most it may cost, as a share
+of the fit's float32 training time. The fit's length is its epochs (the
+``epochs`` passed to ``fit``, else ``max_epochs``) times the batches of the
+training split; the cost is counted in float32 training steps (before
+float32 is timed, each training step as one and each forward pass without
+gradients as a third of one; after, in the timer's seconds over float32's
+median step). A fit too short for even the cheapest probe (float32 and one
+AMP candidate, each warmed up and timed in :data:`MIN_ROUNDS` rounds, and
+the screen: about 9 float32 steps, so fewer than about 310 steps with the
+defaults) keeps float32 without building a copy, and its note says so with
+the fix (pin ``amp_enabled=True``, or ``amp_autotune__budget=None`` to
+measure whatever the fit's length). Otherwise the candidates are measured
+from the simplest to the most complex; one whose cheapest estimate (its
+screen ratio to float32 for its steps) does not fit in what is left is not
+measured (its reason says so), and a candidate's rounds stop once another
+would overrun the budget (never before :data:`MIN_ROUNDS`). A net trained by
+``partial_fit`` one epoch at a time with ``max_epochs=1`` counts one epoch:
+pass ``amp_autotune__budget=None``, or pin the choice.
+
 Cost
 ----
 The screen: 3 forward passes of float32 and 3 per low-precision dtype on
@@ -99,7 +121,8 @@ when the probe ends. The probe's wall time is ``amp_autotune_.probe_s``.
 Settings (``amp_autotune__<name>``)
 -----------------------------------
 ``steps`` (int in [1, 100]), ``warmup`` (int in [0, 100]), ``margin``
-(float in [0, 1)) and ``min_cosine`` (float in [-1, 1]): rows of the
+(float in [0, 1)), ``budget`` (None or a float in (0, 1]) and
+``min_cosine`` (float in [-1, 1]): rows of the
 parameter table (:mod:`ampnet.params`), checked whenever they are set, for
 any ``amp_enabled``; an unknown ``amp_autotune__*`` name is an error. Steps
 are timed by the wall clock (synchronized on CUDA): the probe's
@@ -206,7 +229,24 @@ class AutotuneResult:
 
     note : str or None
       Why no probe ran (``source='fallback'``), or why no candidate was
-      measured (the first training batch is not finite).
+      measured (the first training batch is not finite, or the fit is too
+      short for the probe's budget).
+
+    disturbed : str or None
+      Why the timings may not hold for the fit (a busy machine), in
+      words; None where nothing says so.
+
+    budget : float or None
+      ``amp_autotune__budget``: the most the probe may cost, as a share
+      of the fit's float32 training time (None: no limit).
+
+    fit_steps : int or None
+      The fit's training steps that the budget is a share of (its epochs
+      times the batches of the training split; None where unknown).
+
+    budget_spent : float or None
+      What the probe cost, in float32 training steps (None where it ran
+      no training step).
     """
 
     params: dict[str, Any]
@@ -220,6 +260,9 @@ class AutotuneResult:
     source: str = "probe"
     note: str | None = None
     disturbed: str | None = None
+    budget: float | None = PARAMS["amp_autotune__budget"].default
+    fit_steps: int | None = None
+    budget_spent: float | None = None
 
     @property
     def chosen(self) -> str:
@@ -262,10 +305,10 @@ class AutotuneResult:
                 f"Screen: before any training step was timed, a forward pass took {found}; a dtype over "
                 f"{SCREEN_SLOWER:g}x float32's (slower here) is not timed, as it cannot pay off.")
         if not total:
-            lines.append(f"Probe: no training step timed (nothing left to compare with float32), "
-                         f"{self.probe_s:.2f} s.")
+            why = "" if self.note else " (nothing left to compare with float32)"
+            lines.append(f"Probe: no training step timed{why}, {self.probe_s:.2f} s.")
             if self.note:
-                lines.append(self.note)
+                lines.append(self.note[:1].upper() + self.note[1:] + ".")
             return "\n".join(lines)
         lines.append(
             "step ms: the median of a candidate's timed steps. per-round vs float32: the median, over the "
@@ -281,6 +324,10 @@ class AutotuneResult:
             "compensated over float32 masters, channels_last) only when faster than a simpler one by more "
             "than the spread of both."
         )
+        if self.budget is not None and self.fit_steps is not None and self.budget_spent is not None:
+            lines.append(
+                f"Budget: the probe may cost {self.budget:.0%} of this fit's {self.fit_steps} training steps "
+                f"(amp_autotune__budget={self.budget:g}); it cost about {self.budget_spent:.1f} float32 steps.")
         if self.table[0].get("noisy"):
             lines.append(
                 "The timings were too noisy to decide (the machine is busy?): float32 was kept. Fix: "

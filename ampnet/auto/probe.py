@@ -25,9 +25,10 @@ import torch
 from sklearn.base import clone
 
 from ampnet.auto.enabled import (
-    _EXTRA_WARMUP, MIN_ROUNDS, SETTLED, SLOWER, AutotuneResult, candidate_params, choose, probe_settings,
+    _EXTRA_WARMUP, MIN_ROUNDS, SETTLED, SLOWER, AutotuneResult, candidate_params, choose, complexity,
+    probe_settings,
 )
-from ampnet.auto.screen import SCREEN_SLOWER, float32_forward, screen_dtypes
+from ampnet.auto.screen import SCREEN_REPEATS, SCREEN_SLOWER, float32_forward, screen_dtypes
 from ampnet._tree import has_nonfinite, iter_tensors
 from ampnet.dtypes import LOW_PRECISION_DTYPES
 from ampnet.exceptions import run_quietly
@@ -129,8 +130,11 @@ DRIFT = 2.5
 DRIFT_MIN_S = 2e-3
 
 
-def _first_batch(net: Any, X: Any, y: Any, **fit_params: Any) -> Any:
-    """The first ``batch_size`` rows of the training split, not shuffled."""
+def _first_batch(net: Any, X: Any, y: Any, epochs: int | None = None, **fit_params: Any) -> tuple[Any, int | None]:
+    """The first ``batch_size`` rows of the training split, not shuffled,
+    and the fit's training steps: ``epochs`` (``max_epochs`` when None)
+    times the batches of the training split (None where its length is
+    unknown, e.g. an iterable dataset)."""
     dataset, _ = net.get_split_datasets(X, y, **fit_params)
     kwargs = net.get_params_for("iterator_train")
     for key in ("shuffle", "generator", "sampler", "batch_sampler"):
@@ -140,7 +144,16 @@ def _first_batch(net: Any, X: Any, y: Any, **fit_params: Any) -> Any:
     if kwargs["batch_size"] == -1:
         kwargs["batch_size"] = len(dataset)
     try:
-        return next(iter(net.iterator_train(dataset, **kwargs)))
+        rows = len(dataset)
+    except TypeError:
+        rows = None
+    epochs = net.max_epochs if epochs is None else epochs
+    fit_steps = None
+    if rows is not None and isinstance(kwargs["batch_size"], int) and kwargs["batch_size"] > 0:
+        batches = -(-rows // kwargs["batch_size"]) if not kwargs.get("drop_last") else rows // kwargs["batch_size"]
+        fit_steps = max(int(epochs), 0) * batches
+    try:
+        return next(iter(net.iterator_train(dataset, **kwargs))), fit_steps
     except StopIteration:
         raise ValueError(
             "amp_enabled='auto' needs at least one training sample to measure, but the "
@@ -305,12 +318,16 @@ def _relative_spread(values: list[float]) -> float:
 
 
 def _time_rounds(candidate: _Candidate, timer: Callable[[dict, Callable[[], Any]], float],
-                 reference: Callable[[], float], settings: Mapping[str, Any], base_level: float | None) -> None:
+                 reference: Callable[[], float], settings: Mapping[str, Any], base_level: float | None,
+                 budget: "_Budget") -> None:
     """Up to ``settings['steps']`` rounds of (float32 forward pass, timed step);
     after :data:`MIN_ROUNDS` rounds, stop once the candidate is clearly slower
-    than float32 in every round (:data:`SLOWER`) or its timings have settled
-    (their relative spread at most :data:`SETTLED` x the margin)."""
+    than float32 in every round (:data:`SLOWER`), its timings have settled
+    (their relative spread at most :data:`SETTLED` x the margin), or one
+    more round would overrun the probe's budget."""
     for k in range(settings["steps"]):
+        if k >= MIN_ROUNDS and not budget.room_for_round(candidate):
+            return
         candidate.time_step(timer, reference())
         if k + 1 < MIN_ROUNDS:
             continue
@@ -319,6 +336,81 @@ def _time_rounds(candidate: _Candidate, timer: Callable[[dict, Callable[[], Any]
             return
         if levels and _relative_spread(levels) <= SETTLED * settings["margin"]:
             return
+
+
+#: A forward pass without gradients, as a share of a training step's time
+#: (the backward pass costs about two forward passes): how the budget
+#: counts the screen's and the rounds' float32 reference passes before they
+#: are timed.
+FORWARD_SHARE = 1 / 3
+
+
+class _Budget:
+    """What the probe may spend (``amp_autotune__budget``): ``share`` of the
+    fit's ``fit_steps`` training steps, counted in float32 training steps,
+    i.e. the timer's seconds over float32's median step once float32's
+    copy is timed. ``share`` None, or a fit of unknown length: no limit.
+
+    The probe is skipped when even its cheapest form does not fit
+    (:meth:`too_short`); an AMP candidate is not measured when its cheapest
+    estimate does not fit in what is left (:meth:`room_for`); a candidate's
+    rounds stop early when one more would not (:meth:`room_for_round`)."""
+
+    def __init__(self, share: float | None, fit_steps: int | None, warmup: int) -> None:
+        self.share, self.fit_steps, self.warmup = share, fit_steps, warmup
+        self.allowance = None if share is None or fit_steps is None else share * fit_steps
+        self.spent = 0.0  # float32 training steps: the screen and the candidates done
+        self.step_s: float | None = None  # float32's median step, in the timer's seconds
+        self.screen_s = 0.0  # the screen's passes, in the timer's seconds
+
+    def minimal(self) -> float:
+        """The cheapest probe that can choose AMP, in float32 steps: float32
+        and one AMP candidate, each warmed up and timed in
+        :data:`MIN_ROUNDS` rounds, and the screen of one dtype."""
+        per_candidate = self.warmup + MIN_ROUNDS * (1 + FORWARD_SHARE)
+        return 2 * per_candidate + (1 + SCREEN_REPEATS) * 2 * FORWARD_SHARE
+
+    def too_short(self) -> bool:
+        return self.allowance is not None and self.allowance < self.minimal()
+
+    def cost(self, candidate: "_Candidate") -> float:
+        """What ``candidate`` has cost so far, in float32 steps (the screen's
+        passes included while float32's step is not known yet)."""
+        step_s = self.step_s or (statistics.median(candidate.times) if candidate.times else None)
+        if not step_s:
+            return float(len(candidate.losses)) + FORWARD_SHARE * len(candidate.refs)
+        own = statistics.median(candidate.times) if candidate.times else step_s
+        warm = len(candidate.losses) - len(candidate.times)
+        total = warm * own + sum(candidate.times) + sum(candidate.refs)
+        return total / step_s + (self.screen_s / step_s if self.step_s is None else 0.0)
+
+    def room_for_round(self, candidate: "_Candidate") -> bool:
+        if self.allowance is None or not candidate.times:
+            return True
+        step_s = self.step_s or statistics.median(candidate.times)
+        one_more = (statistics.median(candidate.times) + statistics.median(candidate.refs)) / step_s
+        return self.spent + self.cost(candidate) + one_more <= self.allowance
+
+    def room_for(self, ratio: float, reference_s: float) -> bool:
+        """Whether an AMP candidate whose steps take about ``ratio`` x
+        float32's fits, warmed up and timed in :data:`MIN_ROUNDS` rounds
+        after a reference pass of ``reference_s`` each."""
+        if self.allowance is None or not self.step_s:
+            return True
+        need = (self.warmup + MIN_ROUNDS) * max(ratio, 0.0) + MIN_ROUNDS * reference_s / self.step_s
+        return self.spent + need <= self.allowance
+
+    def done(self, candidate: "_Candidate", baseline: bool) -> None:
+        """Count ``candidate`` as spent; float32's (``baseline``) sets the unit."""
+        cost = self.cost(candidate)
+        if baseline and candidate.times:
+            self.step_s = statistics.median(candidate.times)
+        self.spent += cost
+
+    def describe(self) -> str:
+        """The budget in words, for the table and the reasons."""
+        return (f"amp_autotune__budget={self.share:g} of this fit's {self.fit_steps} training steps, "
+                f"about {self.allowance:.1f} float32 steps")
 
 
 def _record(row: dict[str, Any], candidate: _Candidate, settings: Mapping[str, Any],
@@ -346,36 +438,39 @@ def _error_text(exc: BaseException) -> str:
     return f"unhealthy: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
 
 
-def run_probe(net: Any, X: Any, y: Any = None, **fit_params: Any) -> AutotuneResult:
+def run_probe(net: Any, X: Any, y: Any = None, epochs: int | None = None, **fit_params: Any) -> AutotuneResult:
     """Measure the candidates of an initialized ``'auto'`` net (see
     :mod:`ampnet.auto.enabled`) and return the result; nothing of ``net``
     changes, nor do the random streams. ampnet's warnings from the copies
-    are dropped.
+    are dropped. ``epochs``: the epochs of the fit about to run
+    (``max_epochs`` when None), for the probe's budget.
 
     Raises
     ------
     CopyFailed
       The net cannot be copied (see :func:`probe_copy`).
     """
-    return run_quietly(_run_probe, net, X, y, **fit_params)
+    return run_quietly(_run_probe, net, X, y, epochs, **fit_params)
 
 
-def _run_probe(net: Any, X: Any, y: Any = None, **fit_params: Any) -> AutotuneResult:
+def _run_probe(net: Any, X: Any, y: Any = None, epochs: int | None = None, **fit_params: Any) -> AutotuneResult:
     settings = probe_settings(net)
     device = torch.device(net.device or "cpu")
     timer = wall_timer(device)
     started = time.perf_counter()
     table: list[dict[str, Any]] = []
     clocks: dict[str, float] = {}
+    spent: dict[str, Any] = {}
     with kept_random_state():
         restore_rng = capture_random_state()
-        note = _measure(net, X, y, fit_params, settings, timer, restore_rng, table, clocks)
+        note = _measure(net, X, y, epochs, fit_params, settings, timer, restore_rng, table, clocks, spent)
     best = choose(table, settings["margin"])
     return AutotuneResult(note=note,
         params=dict(table[best]["params"]), table=table, device=str(device),
         steps=settings["steps"], warmup=settings["warmup"], margin=settings["margin"],
         min_cosine=settings["min_cosine"], probe_s=time.perf_counter() - started,
-        disturbed=_disturbed(clocks, device),
+        disturbed=_disturbed(clocks, device), budget=settings["budget"], fit_steps=spent.get("fit_steps"),
+        budget_spent=spent.get("spent"),
     )
 
 
@@ -395,19 +490,30 @@ def _disturbed(clocks: Mapping[str, float], device: torch.device) -> str | None:
     return None
 
 
-def _measure(net: Any, X: Any, y: Any, fit_params: dict[str, Any], settings: dict[str, Any],
-             timer: Callable[[dict, Callable[[], Any]], float], restore_rng: Callable[[], None],
-             table: list[dict[str, Any]], clocks: dict[str, float]) -> str | None:
-    """Fill ``table`` (one row per candidate) and ``clocks`` (the timed
-    steps' wall and CPU seconds, the screen's and the rounds' float32
-    forward pass); return why nothing was measured where it is the data's
-    fault (the result's ``note``), else None.
+def _too_short(budget: _Budget) -> str:
+    return (f"this fit is too short for measuring to pay off: the cheapest probe takes about "
+            f"{budget.minimal():.0f} float32 training steps, over {budget.describe()}, so float32 is kept "
+            "without measuring. Fix: pin amp_enabled=True to train with AMP, or pass "
+            "amp_autotune__budget=None to measure whatever the fit's length")
 
-    One candidate after the other, float32's first: a copy is built, warmed
-    up and timed, each timed step after a timed float32 forward pass (the
-    round's reference), then freed before the next is built; float32's copy
-    keeps only its module (for the reference) and its first gradients."""
-    batch = _first_batch(net, X, y, **fit_params)
+
+def _measure(net: Any, X: Any, y: Any, epochs: int | None, fit_params: dict[str, Any], settings: dict[str, Any],
+             timer: Callable[[dict, Callable[[], Any]], float], restore_rng: Callable[[], None],
+             table: list[dict[str, Any]], clocks: dict[str, float], spent: dict[str, Any]) -> str | None:
+    """Fill ``table`` (one row per candidate), ``clocks`` (the timed
+    steps' wall and CPU seconds, the screen's and the rounds' float32
+    forward pass) and ``spent`` (the fit's steps and the float32 steps the
+    probe spent); return why nothing was measured where it is the data's
+    fault or the fit is too short (the result's ``note``), else None.
+
+    One candidate after the other, float32's first, then from the simplest
+    to the most complex (:func:`ampnet.auto.enabled.complexity`) while the
+    budget lasts: a copy is built, warmed up and timed, each timed step
+    after a timed float32 forward pass (the round's reference), then freed
+    before the next is built; float32's copy keeps only its module (for
+    the reference) and its first gradients."""
+    batch, fit_steps = _first_batch(net, X, y, epochs, **fit_params)
+    spent["fit_steps"] = fit_steps
     _refuse_low_precision_inputs(batch)
     candidates = candidate_params(net)
     measurable = [p for p, skip in candidates if not skip]
@@ -422,11 +528,18 @@ def _measure(net: Any, X: Any, y: Any, fit_params: dict[str, Any], settings: dic
         return NONFINITE_BATCH.split(": ", 1)[1]
     if len(measurable) < 2:  # float32 alone: nothing to compare it with
         return None
+    budget = _Budget(settings["budget"], fit_steps, settings["warmup"])
+    if budget.too_short():  # no copy built, nothing run
+        spent["spent"] = 0.0
+        for row, (params, skip) in zip(rows, candidates):
+            if not skip:
+                row["reason"] = "not measured: the fit is too short for the probe's budget"
+        return _too_short(budget)
     # 0. float32's copy first; on it, a forward pass per low-precision dtype against
     # float32's: leave out the dtypes that cannot pay off here (emulated ones)
     first = next(i for i, (p, skip) in enumerate(candidates) if not skip)
     baseline = _Candidate(net, candidates[first][0], batch, restore_rng)
-    screen, screen_s = screen_dtypes(baseline.probe, batch, measurable, timer, **fit_params)
+    screen, screen_s, budget.screen_s = screen_dtypes(baseline.probe, batch, measurable, timer, **fit_params)
     measured = [p for p in measurable
                 if not (p["amp_enabled"] and screen.get(str(p["amp_dtype"]), 0.0) > SCREEN_SLOWER)]
     for row, (params, skip) in zip(rows, candidates):
@@ -437,6 +550,7 @@ def _measure(net: Any, X: Any, y: Any, fit_params: dict[str, Any], settings: dic
                 f"not measured: its forward pass took {row['forward_ratio']:.1f}x as long as float32's "
                 f"(over {SCREEN_SLOWER:g}x: it cannot pay off here)")
     if len(measured) < 2:  # the screen left float32 alone: no copy more, nothing timed
+        spent["spent"] = FORWARD_SHARE * budget.screen_s / screen_s if screen_s else None
         return None
     # 1. the rounds' reference: float32's forward pass, timed before each timed step, so
     # that a change of the machine's load between (and within) the candidates cancels out
@@ -450,15 +564,21 @@ def _measure(net: Any, X: Any, y: Any, fit_params: dict[str, Any], settings: dic
     base_spread = 0.0
     reference_grads = None
     all_refs: list[float] = []
-    for row, (params, skip) in zip(rows, candidates):
+    order = sorted(range(len(candidates)), key=lambda i: (i != first, complexity(candidates[i][0])))
+    for i in order:
+        row, (params, skip) = rows[i], candidates[i]
         if skip or params not in measured:
             continue
         is_baseline = base_level is None
+        if not is_baseline and not budget.room_for(row.get("forward_ratio") or 1.0,
+                                                   statistics.median(all_refs) if all_refs else 0.0):
+            row["reason"] = f"not measured: the probe's budget was spent ({budget.describe()})"
+            continue
         candidate = None
         try:
             candidate = baseline if is_baseline else _Candidate(net, params, batch, restore_rng, reference_grads)
             candidate.warm_up(settings["warmup"])
-            _time_rounds(candidate, timer, reference, settings, base_level)
+            _time_rounds(candidate, timer, reference, settings, base_level, budget)
         except _Refused as exc:
             if is_baseline:
                 raise exc.__cause__ from None
@@ -475,6 +595,7 @@ def _measure(net: Any, X: Any, y: Any, fit_params: dict[str, Any], settings: dic
                 reference_grads = baseline.capture.grads
         finally:
             if candidate is not None:
+                budget.done(candidate, baseline=is_baseline)
                 clocks["wall"] = clocks.get("wall", 0.0) + candidate.wall
                 clocks["cpu"] = clocks.get("cpu", 0.0) + candidate.cpu
                 all_refs += candidate.refs
@@ -484,6 +605,7 @@ def _measure(net: Any, X: Any, y: Any, fit_params: dict[str, Any], settings: dic
                     candidate = None
                     if gone() is not None:  # held by a reference cycle
                         gc.collect()
+    spent["spent"] = budget.spent
     clocks["screen"] = screen_s or 0.0
     clocks["rounds"] = statistics.median(all_refs) if all_refs and forward is not None else 0.0
     return None

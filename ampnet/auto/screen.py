@@ -84,10 +84,12 @@ def screen_dtypes(
     candidates: Sequence[Mapping[str, Any]],
     timer: Callable[[dict, Callable[[], Any]], float],
     **fit_params: Any,
-) -> tuple[dict[str, float], float | None]:
+) -> tuple[dict[str, float], float | None, float]:
     """The forward-pass time ratio to float32 of each low-precision dtype
     among ``candidates`` (constructor parameters; float32's first), by
-    dtype name, e.g. ``{'bfloat16': 12.3}``.
+    dtype name, e.g. ``{'bfloat16': 12.3}``; float32's fastest pass; and
+    the seconds all passes took (the timer's, the untimed first passes
+    counted at their dtype's fastest timed one).
 
     Parameters
     ----------
@@ -113,22 +115,23 @@ def screen_dtypes(
         if params.get("amp_enabled") and params.get("memory_format", "preserve") != "channels_last":
             firsts.setdefault(str(params.get("amp_dtype")), params)
     if not firsts or not candidates:
-        return {}, None
+        return {}, None, 0.0
     module = net.__dict__.get("module_")
     if not isinstance(module, torch.nn.Module):
-        return {}, None
+        return {}, None, 0.0
     Xi, _ = unpack_data(batch)
     flags = [(m, m.training) for m in module.modules()]
     baseline = {**candidates[0], "autotune_screen": True}
     ratios: dict[str, float] = {}
     fastest: float | None = None
+    spent = 0.0
     try:
         module.eval()
         fp32 = _forward(net, Xi, None, fit_params)
         try:
             fp32()  # untimed
         except Exception:
-            return {}, None
+            return {}, None, 0.0
         for name, params in firsts.items():
             low = _forward(net, Xi, parse_amp_dtype(name), fit_params)
             try:
@@ -140,8 +143,9 @@ def screen_dtypes(
                 base.append(float(timer(dict(baseline), fp32)))
                 other.append(float(timer({**params, "autotune_screen": True}, low)))
             ratios[name] = min(other) / min(base) if min(base) > 0 else 1.0
+            spent += sum(base) + sum(other) + min(other) + (min(base) if fastest is None else 0.0)
             fastest = min(base) if fastest is None else min(fastest, *base)
     finally:
         for m, training in flags:
             m.training = training
-    return ratios, fastest
+    return ratios, fastest, spent
