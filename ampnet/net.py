@@ -178,8 +178,17 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         at the next fit. If anything fails, for any parameter, the net is
         left exactly as it was (``ampnet.net_state``).
         """
-        reconfigure.set_params(self, kwargs, super().set_params)
+        try:
+            reconfigure.set_params(self, kwargs, super().set_params)
+        except ValueError as exc:  # an unknown name: the close valid one, where there is one
+            raise reconfigure.with_name_hints(exc, self, kwargs) from exc.__cause__
         return self
+
+    def _validate_params(self) -> None:
+        try:
+            super()._validate_params()
+        except ValueError as exc:  # skorch's "unexpected argument(s)", with the close valid names
+            raise reconfigure.with_name_hints(exc, self, self._params_to_validate) from None
 
     # ---- fitting --------------------------------------------------------
 

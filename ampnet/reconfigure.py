@@ -16,6 +16,7 @@ puts the net back if anything raises.
 
 from __future__ import annotations
 
+import inspect
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import torch
@@ -25,6 +26,7 @@ from ampnet.exceptions import amp_warn
 from ampnet.net_state import all_or_nothing
 from ampnet.no_effect import warn_ineffective_settings
 from ampnet.parallel import build_parallel
+from ampnet.validation import close_names
 from ampnet.params import (
     LAYOUT, LIVE_SCALER, NOTHING, PARAMS, SCALER, auto_inputs, check, check_all, check_names, constructor_defaults,
     is_auto, pending_params, rebuilds,
@@ -41,6 +43,7 @@ if TYPE_CHECKING:
 __all__ = [
     "checked_params", "read_settings", "uses_closure", "ampnet_kernels", "initialize", "initialize_grad_scaler",
     "initialize_module", "set_params", "relayout", "apply_choice", "apply_fp32_choice", "choice_problem",
+    "with_name_hints",
 ]
 
 #: The scaler bounds that a live change of one of them is checked against.
@@ -443,3 +446,30 @@ def choice_problem(net: "AmpNetMixin", params: Mapping[str, Any]) -> str | None:
     except (ValueError, TypeError) as exc:
         return str(exc).splitlines()[0]
     return None
+
+
+# ---- unknown names --------------------------------------------------------------------------------
+
+
+def with_name_hints(exc: ValueError, net: Any, names: Any) -> ValueError:
+    """``exc`` (skorch's "unexpected argument(s)" or scikit-learn's "Invalid
+    parameter" refusal of a name) with the close valid name of each unknown
+    one of ``names`` added: ``amp_enable`` gets "Did you mean amp_enabled
+    (for amp_enable)?", ``grad_scalar__growth_factor`` gets
+    ``grad_scaler__growth_factor``. Any other error, or no close name:
+    ``exc`` itself."""
+    text = str(exc)
+    if not (text.startswith("Invalid parameter") or "unexpected argument(s)" in text):
+        return exc
+    known = set(PARAMS)
+    for cls in type(net).__mro__:
+        init = cls.__dict__.get("__init__")
+        if init is not None and cls is not object:
+            known.update(name for name, p in inspect.signature(init).parameters.items()
+                         if name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
+    prefixes = set(getattr(net, "prefixes_", ())) - {"grad_scaler", "amp_autotune"}
+    unknown = [name for name in names
+               if name not in known and not name.endswith("_") and name in text
+               and name.split("__", 1)[0] not in prefixes]
+    hint = close_names(unknown, sorted(known))
+    return ValueError(text + hint) if hint else exc

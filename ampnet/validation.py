@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 __all__ = [
-    "is_bool", "is_int", "is_number", "as_float", "finite_number", "describe", "type_mismatch",
+    "is_bool", "is_int", "is_number", "as_float", "finite_number", "close_names", "describe", "type_mismatch",
     "nesting_depth", "dtype_kind", "tensor_problem", "all_finite", "MAX_DEPTH",
 ]
 
@@ -40,6 +40,16 @@ def named_with_hints(prefix: str, unknown: Any, valid: Any) -> str:
         close = difflib.get_close_matches(key, list(valid), n=1)
         hints.append(f"{prefix}__{key}" + (f" (did you mean {prefix}__{close[0]}?)" if close else ""))
     return ", ".join(hints)
+
+
+def close_names(unknown: Any, valid: Any) -> str:
+    """``' Did you mean amp_enabled (for amp_enable)?'`` for each of the
+    ``unknown`` names with a close ``valid`` one (difflib's), ``''`` where
+    none has one."""
+    valid = list(valid)
+    pairs = [(name, difflib.get_close_matches(name, valid, n=1)) for name in unknown]
+    found = [f"{close[0]} (for {name})" for name, close in pairs if close]
+    return f" Did you mean {', '.join(found)}?" if found else ""
 
 
 def describe(value: Any) -> str:

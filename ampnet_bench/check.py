@@ -132,6 +132,12 @@ class CheckPlan:
 
     optimizer : str
       The benchmark's optimizer.
+
+    auto_fit_epochs : int
+      The fit ``amp_enabled='auto'`` is told it runs (``--auto-fit-epochs``):
+      long, so that its probe's budget lets it measure as on a long fit
+      (the check is after its choice on the GPU, not its cost on the
+      check's short epochs).
     """
 
     dry_run: bool = False
@@ -148,6 +154,7 @@ class CheckPlan:
     pytest_share: float = 0.35
     threads: int = 1
     optimizer: str = "adamw"
+    auto_fit_epochs: int = 1000
 
     @classmethod
     def dry(cls, **changes: Any) -> "CheckPlan":
@@ -327,7 +334,8 @@ def _benchmark_command(plan: CheckPlan, workload: str, dtype: str, out: Path) ->
         "--dtype", dtype, "--rounds", str(plan.rounds), "--epochs", str(plan.epochs),
         "--warmup", str(plan.warmup), "--isolation", "inprocess", "--memory", "inprocess",
         "--optimizer", plan.optimizer, "--threads", str(plan.threads),
-        "--contenders", ",".join(plan.contenders), "--out", str(out),
+        "--contenders", ",".join(plan.contenders), "--auto-fit-epochs", str(plan.auto_fit_epochs),
+        "--out", str(out),
     ]
     if plan.dry_run:
         command.append("--quick")
@@ -510,8 +518,10 @@ def _by_key(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {c["key"]: c for c in result["contenders"]}
 
 
-def _auto_md(benchmarks: list[dict[str, Any]], workloads: tuple[str, ...]) -> list[str]:
+def _auto_md(benchmarks: list[dict[str, Any]], workloads: tuple[str, ...], fit_epochs: int) -> list[str]:
     lines = ["## What amp_enabled='auto' chose", "",
+             f"Each told it runs a {fit_epochs}-epoch fit (`--auto-fit-epochs`), so that its probe's budget "
+             "(`amp_autotune__budget`) lets it measure as on a long fit.", "",
              "| Workload | " + " | ".join(CHECK_DTYPES) + " |", "|---|" + "---|" * len(CHECK_DTYPES)]
     cells = {(b["workload"], b["dtype"]): b for b in benchmarks}
     for workload in workloads:
@@ -597,7 +607,8 @@ def render_report(check: dict[str, Any]) -> str:
     lines += [f"| {s['name']} | {s['status']} | {s['seconds']:.1f} |" for s in check["steps"]]
     lines += [""] + _pytest_md(check["pytest"], plan["dry_run"]) + [""]
     lines += _syncs_md(check["syncs"], plan["device"]) + [""]
-    lines += _auto_md(check["benchmarks"], tuple(plan["workloads"])) + [""]
+    lines += _auto_md(check["benchmarks"], tuple(plan["workloads"]),
+                      plan.get("auto_fit_epochs", CheckPlan.auto_fit_epochs)) + [""]
     lines += ["## Benchmark", "",
               f"{plan['rounds']} rounds of {plan['epochs']} measured epoch(s) after {plan['warmup']} warm-up "
               f"epoch(s), all runs of a workload and dtype in one process (a check, not the fresh-process "

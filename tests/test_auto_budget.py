@@ -14,7 +14,8 @@ from skorch.dataset import ValidSplit
 
 import ampnet.auto.probe
 from ampnet import AmpNetClassifier
-from ampnet.auto.probe import MIN_ROUNDS, _Budget
+from ampnet.auto.budget import Budget
+from ampnet.auto.enabled import MIN_ROUNDS
 from conftest import timed_probes
 from test_autotune import BF16_MIXED, FLOAT32, Timer, kw
 
@@ -67,7 +68,7 @@ def test_a_fit_too_short_keeps_float32_without_measuring(data):
 def test_the_readme_threshold_about_310_steps(data):
     """The README: a fit of fewer than about 310 training steps keeps float32
     without measuring (the cheapest probe, about 9 float32 steps, over 3%)."""
-    assert 9 <= _Budget(0.03, 1, warmup=1).minimal() < 10
+    assert 9 <= Budget(0.03, 1, warmup=1).minimal() < 10
     short, copies = fit(data, max_epochs=77, callbacks=[StopAfter(1)])  # 308 steps
     assert copies == 0 and short.amp_autotune_.fit_steps == 308 and len(short.history) == 1
     long, copies = fit(data, max_epochs=78, callbacks=[StopAfter(1)])  # 312 steps

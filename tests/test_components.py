@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from ampnet import AmpNetClassifier, AmpWarning
 from conftest import small_classifier
+from test_training_loop import Logits
 
 LOW = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -411,3 +412,35 @@ def test_refused_callback_param_keeps_the_callbacks_state(images):
     with pytest.raises(ValueError, match="callback nope which does not exist"):
         net.set_params(callbacks__nope__x=1)  # skorch re-initializes every callback first
     assert score.best_score_ == best and dict(net.callbacks_)["acc"] is score
+
+
+# ---- a misspelled name gets the close valid one ------------------------------------------------
+
+
+@pytest.mark.parametrize("name, close", [
+    ("amp_enable", "amp_enabled"),
+    ("grad_scalar__growth_factor", "grad_scaler__growth_factor"),
+    ("amp_level_", None),  # a fitted attribute's name: skorch's own rule, no hint
+    ("colour", None),  # nothing close: skorch's and scikit-learn's messages as they are
+])
+def test_a_misspelled_name_is_refused_with_the_close_one(name, close):
+    """At construction (skorch's "unexpected argument(s)") and by set_params
+    (scikit-learn's "Invalid parameter"), which then changes nothing."""
+    hint = f"Did you mean {close} (for {name})?"
+    if not name.endswith("_"):
+        with pytest.raises(ValueError, match="unexpected argument") as info:
+            AmpNetClassifier(Logits, **{name: 4}).initialize()
+        assert (hint in str(info.value)) is (close is not None)
+    net = AmpNetClassifier(Logits).initialize()
+    before = net.get_params()
+    with pytest.raises(ValueError) as info:
+        net.set_params(**{name: 4})
+    assert (hint in str(info.value)) is (close is not None)
+    assert net.get_params().keys() == before.keys() and net.grad_scaler_.get_growth_factor() == 2.0
+
+
+def test_a_value_error_gets_no_name_hint():
+    net = AmpNetClassifier(Logits).initialize()
+    with pytest.raises(ValueError, match="amp_level must be one of") as info:
+        net.set_params(amp_level="mixd")
+    assert "Did you mean" not in str(info.value)

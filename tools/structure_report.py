@@ -72,9 +72,14 @@ def walks():
     files, built, checks = trace(lambda: net.set_params(grad_scaler__growth_factor=4))
     print(f"set_params(grad_scaler__growth_factor=4), fitted fp16 net: {len(files)} ampnet files entered "
           f"{files}, {built} Precision built, {checks} parameter checks")
-    auto = AmpNetClassifier(MLP, amp_enabled="auto", max_epochs=1, batch_size=64, train_split=None, verbose=0)
-    files, built, checks = trace(lambda: auto.fit(X, y))
-    print(f"amp_enabled='auto' fit of a tiny MLP (one epoch): {len(files)} ampnet files entered, {built} Precision built")
+    # the probe's walk: a one-epoch fit is far too short for the default budget, which keeps float32
+    # without measuring; amp_autotune__budget=None measures anyway
+    for budget in (None, 0.03):
+        auto = AmpNetClassifier(MLP, amp_enabled="auto", max_epochs=1, batch_size=64, train_split=None, verbose=0,
+                                amp_autotune__budget=budget)
+        files, built, checks = trace(lambda: auto.fit(X, y))
+        print(f"amp_enabled='auto' fit of a tiny MLP (one epoch, amp_autotune__budget={budget}): {len(files)} "
+              f"ampnet files entered, {built} Precision built")
 
 
 def parameter_lists():

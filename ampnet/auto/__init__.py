@@ -9,6 +9,8 @@ Nothing else in ampnet imports the wing's modules:
   choice among them, :class:`AutotuneResult`;
 - :mod:`ampnet.auto.screen`: one forward pass per low-precision dtype
   against float32's, before any candidate is timed;
+- :mod:`ampnet.auto.budget`: how much the probe may measure, a share
+  of the fit's float32 training time (``amp_autotune__budget``);
 - :mod:`ampnet.auto.probe`: the probe's copies of the net and their
   interleaved timed rounds;
 - :mod:`ampnet.auto.fp32_modules`: the overflow probe of

@@ -28,7 +28,8 @@ from ampnet.auto.enabled import (
     _EXTRA_WARMUP, MIN_ROUNDS, SETTLED, SLOWER, AutotuneResult, candidate_params, choose, complexity,
     probe_settings,
 )
-from ampnet.auto.screen import SCREEN_REPEATS, SCREEN_SLOWER, float32_forward, screen_dtypes
+from ampnet.auto.budget import FORWARD_SHARE, Budget
+from ampnet.auto.screen import SCREEN_SLOWER, float32_forward, screen_dtypes
 from ampnet._tree import has_nonfinite, iter_tensors
 from ampnet.dtypes import LOW_PRECISION_DTYPES
 from ampnet.exceptions import run_quietly
@@ -319,7 +320,7 @@ def _relative_spread(values: list[float]) -> float:
 
 def _time_rounds(candidate: _Candidate, timer: Callable[[dict, Callable[[], Any]], float],
                  reference: Callable[[], float], settings: Mapping[str, Any], base_level: float | None,
-                 budget: "_Budget") -> None:
+                 budget: Budget) -> None:
     """Up to ``settings['steps']`` rounds of (float32 forward pass, timed step);
     after :data:`MIN_ROUNDS` rounds, stop once the candidate is clearly slower
     than float32 in every round (:data:`SLOWER`), its timings have settled
@@ -336,81 +337,6 @@ def _time_rounds(candidate: _Candidate, timer: Callable[[dict, Callable[[], Any]
             return
         if levels and _relative_spread(levels) <= SETTLED * settings["margin"]:
             return
-
-
-#: A forward pass without gradients, as a share of a training step's time
-#: (the backward pass costs about two forward passes): how the budget
-#: counts the screen's and the rounds' float32 reference passes before they
-#: are timed.
-FORWARD_SHARE = 1 / 3
-
-
-class _Budget:
-    """What the probe may spend (``amp_autotune__budget``): ``share`` of the
-    fit's ``fit_steps`` training steps, counted in float32 training steps,
-    i.e. the timer's seconds over float32's median step once float32's
-    copy is timed. ``share`` None, or a fit of unknown length: no limit.
-
-    The probe is skipped when even its cheapest form does not fit
-    (:meth:`too_short`); an AMP candidate is not measured when its cheapest
-    estimate does not fit in what is left (:meth:`room_for`); a candidate's
-    rounds stop early when one more would not (:meth:`room_for_round`)."""
-
-    def __init__(self, share: float | None, fit_steps: int | None, warmup: int) -> None:
-        self.share, self.fit_steps, self.warmup = share, fit_steps, warmup
-        self.allowance = None if share is None or fit_steps is None else share * fit_steps
-        self.spent = 0.0  # float32 training steps: the screen and the candidates done
-        self.step_s: float | None = None  # float32's median step, in the timer's seconds
-        self.screen_s = 0.0  # the screen's passes, in the timer's seconds
-
-    def minimal(self) -> float:
-        """The cheapest probe that can choose AMP, in float32 steps: float32
-        and one AMP candidate, each warmed up and timed in
-        :data:`MIN_ROUNDS` rounds, and the screen of one dtype."""
-        per_candidate = self.warmup + MIN_ROUNDS * (1 + FORWARD_SHARE)
-        return 2 * per_candidate + (1 + SCREEN_REPEATS) * 2 * FORWARD_SHARE
-
-    def too_short(self) -> bool:
-        return self.allowance is not None and self.allowance < self.minimal()
-
-    def cost(self, candidate: "_Candidate") -> float:
-        """What ``candidate`` has cost so far, in float32 steps (the screen's
-        passes included while float32's step is not known yet)."""
-        step_s = self.step_s or (statistics.median(candidate.times) if candidate.times else None)
-        if not step_s:
-            return float(len(candidate.losses)) + FORWARD_SHARE * len(candidate.refs)
-        own = statistics.median(candidate.times) if candidate.times else step_s
-        warm = len(candidate.losses) - len(candidate.times)
-        total = warm * own + sum(candidate.times) + sum(candidate.refs)
-        return total / step_s + (self.screen_s / step_s if self.step_s is None else 0.0)
-
-    def room_for_round(self, candidate: "_Candidate") -> bool:
-        if self.allowance is None or not candidate.times:
-            return True
-        step_s = self.step_s or statistics.median(candidate.times)
-        one_more = (statistics.median(candidate.times) + statistics.median(candidate.refs)) / step_s
-        return self.spent + self.cost(candidate) + one_more <= self.allowance
-
-    def room_for(self, ratio: float, reference_s: float) -> bool:
-        """Whether an AMP candidate whose steps take about ``ratio`` x
-        float32's fits, warmed up and timed in :data:`MIN_ROUNDS` rounds
-        after a reference pass of ``reference_s`` each."""
-        if self.allowance is None or not self.step_s:
-            return True
-        need = (self.warmup + MIN_ROUNDS) * max(ratio, 0.0) + MIN_ROUNDS * reference_s / self.step_s
-        return self.spent + need <= self.allowance
-
-    def done(self, candidate: "_Candidate", baseline: bool) -> None:
-        """Count ``candidate`` as spent; float32's (``baseline``) sets the unit."""
-        cost = self.cost(candidate)
-        if baseline and candidate.times:
-            self.step_s = statistics.median(candidate.times)
-        self.spent += cost
-
-    def describe(self) -> str:
-        """The budget in words, for the table and the reasons."""
-        return (f"amp_autotune__budget={self.share:g} of this fit's {self.fit_steps} training steps, "
-                f"about {self.allowance:.1f} float32 steps")
 
 
 def _record(row: dict[str, Any], candidate: _Candidate, settings: Mapping[str, Any],
@@ -490,7 +416,7 @@ def _disturbed(clocks: Mapping[str, float], device: torch.device) -> str | None:
     return None
 
 
-def _too_short(budget: _Budget) -> str:
+def _too_short(budget: Budget) -> str:
     return (f"this fit is too short for measuring to pay off: the cheapest probe takes about "
             f"{budget.minimal():.0f} float32 training steps, over {budget.describe()}, so float32 is kept "
             "without measuring. Fix: pin amp_enabled=True to train with AMP, or pass "
@@ -528,7 +454,7 @@ def _measure(net: Any, X: Any, y: Any, epochs: int | None, fit_params: dict[str,
         return NONFINITE_BATCH.split(": ", 1)[1]
     if len(measurable) < 2:  # float32 alone: nothing to compare it with
         return None
-    budget = _Budget(settings["budget"], fit_steps, settings["warmup"])
+    budget = Budget(settings["budget"], fit_steps, settings["warmup"])
     if budget.too_short():  # no copy built, nothing run
         spent["spent"] = 0.0
         for row, (params, skip) in zip(rows, candidates):
