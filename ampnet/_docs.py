@@ -11,9 +11,9 @@ AMP_DOC = """
       and the AMP settings that can pay off (mixed and pure precision,
       channels_last for convolutional models) on copies of the module and
       optimizer, and the net trains with the fastest healthy one; AMP only
-      when it beats float32 by more than 5%. The probe costs at most 3% of
-      the fit's float32 training time (``amp_autotune__budget``): a fit of
-      fewer than about 310 training steps keeps float32 without
+      when it beats float32 by more than 5%. The probe is budgeted at 3%
+      of the fit's float32 training time (``amp_autotune__budget``): a fit
+      of fewer than about 310 training steps keeps float32 without
       measuring. The choice and the table are
       the fitted attribute ``amp_autotune_`` (``AmpNet(**net.amp_autotune_.params)``
       trains bitwise the same); other AMP settings narrow the candidates;

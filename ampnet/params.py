@@ -152,7 +152,7 @@ def _budget(value: Any) -> Any:
     if isinstance(value, Real) and not is_bool(value) and 0.0 < float(value) <= 1.0:
         return float(value)
     raise _refuse("amp_autotune__budget", value, "None or a number in (0, 1]",
-                  "leave it at 0.03 (the probe costs at most 3% of the fit), or pass None to measure "
+                  "leave it at 0.03 (the probe is budgeted at 3% of the fit), or pass None to measure "
                   "whatever the fit's length.")
 
 

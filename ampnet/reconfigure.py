@@ -224,6 +224,8 @@ def set_params(net: "AmpNetMixin", kwargs: dict[str, Any], skorch_set_params: Ca
         if others:
             skorch_set_params(**others)
         _check_optimizers_accept(net, others)
+        _drop_choice_on_new_probe_settings(
+            net, {k.split("__", 1)[1]: v for k, v in own.items() if k.startswith("amp_autotune__")})
         net.__dict__.update(own)
         if auto_inputs().intersection(kwargs):
             net.__dict__.pop("amp_autotune_", None)  # the next fit probes again
@@ -255,6 +257,7 @@ def _set_live(net: "AmpNetMixin", own: dict[str, Any]) -> bool:
         bounds = {k: current[k] for k in _BOUNDS if k in current and k not in live} if set(live) & set(_BOUNDS) else {}
         validate_scaler_settings(**{**bounds, **live})  # the one check of these values
     # every value is checked: nothing below can fail, so no snapshot is needed
+    _drop_choice_on_new_probe_settings(net, tuned)
     net.__dict__.update(own)
     if isinstance(scaler, GradScaler):
         scaler.apply_settings(**live)
@@ -263,6 +266,16 @@ def _set_live(net: "AmpNetMixin", own: dict[str, Any]) -> bool:
             getattr(scaler, f"set_{name}")(value)
     net.amp_step_state_.scale = None
     return True
+
+
+def _drop_choice_on_new_probe_settings(net: "AmpNetMixin", tuned: Mapping[str, Any]) -> None:
+    """A change of the probe's settings (``amp_autotune__*``, e.g. the
+    budget that a too-short fit's note suggests) asks for a new
+    measurement: the choice is dropped, and the next fit of an ``'auto'``
+    net probes again. Setting a value it already has changes nothing."""
+    current = net.get_params_for("amp_autotune")
+    if any(current.get(name, PARAMS[f"amp_autotune__{name}"].default) != value for name, value in tuned.items()):
+        net.__dict__.pop("amp_autotune_", None)
 
 
 def _optimizer_settings(net: "AmpNetMixin", changed: dict[str, Any]) -> dict[str, Any]:
@@ -459,7 +472,7 @@ def with_name_hints(exc: ValueError, net: Any, names: Any) -> ValueError:
     ``grad_scaler__growth_factor``. Any other error, or no close name:
     ``exc`` itself."""
     text = str(exc)
-    if not (text.startswith("Invalid parameter") or "unexpected argument(s)" in text):
+    if not (text.startswith("Invalid parameter") or "unexpected argument(s)" in text) or "Did you mean" in text:
         return exc
     known = set(PARAMS)
     for cls in type(net).__mro__:

@@ -58,9 +58,10 @@ def test_a_fit_too_short_keeps_float32_without_measuring(data):
     assert result.table[0]["chosen"] and all(row["step_time_s"] is None for row in result.table)
     assert [row["reason"] for row in result.table[1:]] == [
         "not measured: the fit is too short for the probe's budget"] * (len(result.table) - 1)
-    assert "this fit's 8 training steps" in result.note and "amp_autotune__budget=None" in result.note
+    assert "this fit's 8 training steps" in result.note and "amp_autotune__budget (or None" in result.note
     text = str(result)
-    assert "Probe: no training step timed, " in text and "This fit is too short for measuring to pay off" in text
+    assert "Probe: no training step timed: no copy built, " in text
+    assert "This fit is too short for measuring to pay off" in text
     assert "Fix: pin amp_enabled=True" in text
     assert len(net.history) == 2  # and the fit ran
 
@@ -88,7 +89,7 @@ def test_the_budget_measures_the_simplest_candidates_first(data):
     assert rows["pure"]["reason"] == ("not measured: the probe's budget was spent (amp_autotune__budget=1 of "
                                      "this fit's 16 training steps, about 16.0 float32 steps)")
     assert 0 < result.budget_spent <= 16.0
-    assert "Budget: the probe may cost 100% of this fit's 16 training steps" in str(result)
+    assert "Budget: the probe is budgeted at 100% of this fit's 16 training steps" in str(result)
     unlimited, copies = fit(data, timer=Timer(fp32=1.0, mixed=0.5, pure=0.7), amp_autotune__budget=None,
                             max_epochs=4)
     assert copies == 3 and all(row["steps"] > 0 for row in unlimited.amp_autotune_.table)
@@ -146,3 +147,45 @@ def test_the_budget_is_a_probe_setting_that_changes_no_choice(data):
     assert net.get_params()["amp_autotune__budget"] == 0.5
     net.set_params(amp_autotune__budget=None)
     assert net.get_params()["amp_autotune__budget"] is None
+
+
+def test_float32s_extra_rounds_leave_room_for_the_next_candidate(data):
+    """Timings that never settle would take float32's rounds up to the
+    budget; it stops after MIN_ROUNDS where another round would leave no
+    room for bf16 mixed, which is then measured."""
+    net, copies = fit(data, timer=NoisyTimer(), amp_autotune__budget=1.0, amp_autotune__steps=8, max_epochs=4)
+    result = net.amp_autotune_
+    mixed = next(row for row in result.table if row["params"]["amp_level"] == "mixed" and row["params"]["amp_enabled"])
+    assert 1 + MIN_ROUNDS <= result.table[0]["steps"] < 1 + 8
+    assert mixed["steps"] > 0 and copies >= 2 and result.budget_spent <= 16.0
+
+
+def test_a_budget_spent_before_any_amp_candidate_says_so(data):
+    """Room for float32's own measurement but not for an AMP candidate's:
+    float32 is kept, and the note says that no verdict on AMP was reached,
+    with the fix."""
+    net, copies = fit(data, timer=Timer(fp32=1.0, mixed=0.5, pure=0.7), amp_autotune__budget=0.8, max_epochs=3)
+    result = net.amp_autotune_
+    assert copies == 1 and result.params == FLOAT32 and result.table[0]["steps"] > 0
+    assert all(row["steps"] == 0 and row["reason"].startswith("not measured: the probe's budget was spent")
+               for row in result.table[1:])
+    assert result.note.startswith("the probe's budget (amp_autotune__budget=0.8 of this fit's 12 training steps")
+    text = str(result)
+    assert "before any AMP candidate was timed: float32 is kept without a verdict on AMP. Fix:" in text
+    assert "amp_autotune__budget (or None" in text
+
+
+def test_a_new_budget_drops_the_choice_and_the_next_fit_measures(data):
+    """The note's fix works on the same net: set_params(amp_autotune__budget=None)
+    drops the too-short choice, and the next fit measures; setting a value
+    the net already has keeps the choice."""
+    net, copies = fit(data, max_epochs=2)
+    kept = net.amp_autotune_
+    assert copies == 0 and kept.table[1]["steps"] == 0
+    net.set_params(amp_autotune__budget=0.03)  # the default it has: nothing to measure again
+    assert net.amp_autotune_ is kept
+    net.set_params(amp_autotune__budget=None)
+    assert "amp_autotune_" not in vars(net)
+    with timed_probes(Timer(fp32=1.0, mixed=0.5, pure=0.7)):
+        net.fit(*data)
+    assert net.amp_autotune_.params == BF16_MIXED and net.precision_policy_.name == "bfloat16 (mixed)"

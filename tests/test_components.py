@@ -423,7 +423,7 @@ def test_refused_callback_param_keeps_the_callbacks_state(images):
     ("amp_level_", None),  # a fitted attribute's name: skorch's own rule, no hint
     ("colour", None),  # nothing close: skorch's and scikit-learn's messages as they are
 ])
-def test_a_misspelled_name_is_refused_with_the_close_one(name, close):
+def test_a_misspelled_name_is_refused_with_the_close_one(name, close, classifier_data):
     """At construction (skorch's "unexpected argument(s)") and by set_params
     (scikit-learn's "Invalid parameter"), which then changes nothing."""
     hint = f"Did you mean {close} (for {name})?"
@@ -431,11 +431,13 @@ def test_a_misspelled_name_is_refused_with_the_close_one(name, close):
         with pytest.raises(ValueError, match="unexpected argument") as info:
             AmpNetClassifier(Logits, **{name: 4}).initialize()
         assert (hint in str(info.value)) is (close is not None)
-    net = AmpNetClassifier(Logits).initialize()
+    X, y = classifier_data[0][:64], classifier_data[1][:64]
+    net = AmpNetClassifier(Logits, max_epochs=1, train_split=None, criterion=torch.nn.CrossEntropyLoss).fit(X, y)
     before = net.get_params()
     with pytest.raises(ValueError) as info:
         net.set_params(**{name: 4})
     assert (hint in str(info.value)) is (close is not None)
+    assert str(info.value).count("Did you mean") == (close is not None)  # once, on a fitted net too
     assert net.get_params().keys() == before.keys() and net.grad_scaler_.get_growth_factor() == 2.0
 
 

@@ -62,21 +62,31 @@ class Budget:
         total = warm * own + sum(candidate.times) + sum(candidate.refs)
         return total / step_s + (self.screen_s / step_s if self.step_s is None else 0.0)
 
-    def room_for_round(self, candidate: Any) -> bool:
+    def need(self, ratio: float, reference_s: float, step_s: float) -> float:
+        """The cheapest measurement of a candidate whose steps take about
+        ``ratio`` x float32's (``step_s``), in float32 steps: warmed up and
+        timed in :data:`MIN_ROUNDS` rounds, each after a reference pass of
+        ``reference_s``."""
+        return (self.warmup + MIN_ROUNDS) * max(ratio, 0.0) + MIN_ROUNDS * reference_s / step_s
+
+    def room_for_round(self, candidate: Any, next_ratio: float | None = None) -> bool:
+        """Whether ``candidate`` may run one more timed round: it fits, and
+        leaves room for the cheapest measurement of the next candidate (whose
+        steps take about ``next_ratio`` x float32's; None: none is left)."""
         if self.allowance is None or not candidate.times:
             return True
         step_s = self.step_s or statistics.median(candidate.times)
-        one_more = (statistics.median(candidate.times) + statistics.median(candidate.refs)) / step_s
-        return self.spent + self.cost(candidate) + one_more <= self.allowance
+        reference_s = statistics.median(candidate.refs)
+        one_more = (statistics.median(candidate.times) + reference_s) / step_s
+        reserve = 0.0 if next_ratio is None else self.need(next_ratio, reference_s, step_s)
+        return self.spent + self.cost(candidate) + one_more + reserve <= self.allowance
 
     def room_for(self, ratio: float, reference_s: float) -> bool:
         """Whether an AMP candidate whose steps take about ``ratio`` x
-        float32's fits, warmed up and timed in :data:`MIN_ROUNDS` rounds
-        after a reference pass of ``reference_s`` each."""
+        float32's fits in what is left (:meth:`need`)."""
         if self.allowance is None or not self.step_s:
             return True
-        need = (self.warmup + MIN_ROUNDS) * max(ratio, 0.0) + MIN_ROUNDS * reference_s / self.step_s
-        return self.spent + need <= self.allowance
+        return self.spent + self.need(ratio, reference_s, self.step_s) <= self.allowance
 
     def done(self, candidate: Any, baseline: bool) -> None:
         """Count ``candidate`` as spent; float32's (``baseline``) sets the unit."""

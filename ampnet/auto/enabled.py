@@ -80,24 +80,32 @@ for the whole fit; re-run on a quiet machine, or pin a choice.
 Budget
 ------
 The probe measures only as much as the fit can pay for:
-``amp_autotune__budget`` (default 0.03) is the most it may cost, as a share
-of the fit's float32 training time. The fit's length is its epochs (the
-``epochs`` passed to ``fit``, else ``max_epochs``) times the batches of the
-training split; the cost is counted in float32 training steps (before
-float32 is timed, each training step as one and each forward pass without
-gradients as a third of one; after, in the timer's seconds over float32's
-median step). A fit too short for even the cheapest probe (float32 and one
-AMP candidate, each warmed up and timed in :data:`MIN_ROUNDS` rounds, and
-the screen: about 9 float32 steps, so fewer than about 310 steps with the
-defaults) keeps float32 without building a copy, and its note says so with
-the fix (pin ``amp_enabled=True``, or ``amp_autotune__budget=None`` to
-measure whatever the fit's length). Otherwise the candidates are measured
-from the simplest to the most complex; one whose cheapest estimate (its
-screen ratio to float32 for its steps) does not fit in what is left is not
-measured (its reason says so), and a candidate's rounds stop once another
-would overrun the budget (never before :data:`MIN_ROUNDS`). A net trained by
-``partial_fit`` one epoch at a time with ``max_epochs=1`` counts one epoch:
-pass ``amp_autotune__budget=None``, or pin the choice.
+``amp_autotune__budget`` (default 0.03) is its budget, as a share of the
+fit's float32 training time (:mod:`ampnet.auto.budget`). The fit's length
+is its epochs (the ``epochs`` passed to ``fit``, else ``max_epochs``) times
+the batches of the training split; the cost is counted in float32 training
+steps (before float32 is timed, each training step as one and each forward
+pass without gradients as a third of one; after, in the timer's seconds
+over float32's median step). A fit too short for even the cheapest probe
+(float32 and one AMP candidate, each warmed up and timed in
+:data:`MIN_ROUNDS` rounds, and the screen: about 9 float32 steps, so fewer
+than about 310 steps with the defaults) keeps float32 without building a
+copy, and its note says so with the fix. Otherwise float32 is measured
+first (its screen, warm-up and :data:`MIN_ROUNDS` rounds always run, so a
+model whose forward pass is a large share of its step can overrun the
+budget there), then the AMP candidates from the simplest to the most
+complex: one whose cheapest estimate (its screen ratio to float32 for its
+steps) does not fit in what is left is not measured (its reason says so),
+and a candidate's rounds stop once another would overrun the budget or
+leave no room for the next candidate's cheapest measurement (never before
+:data:`MIN_ROUNDS`). When the budget runs out before any AMP candidate was
+timed, the note says that float32 is kept without a verdict on AMP. The
+fix, printed in both cases: pin ``amp_enabled=True``, or pass a larger
+``amp_autotune__budget`` (None: whatever the fit's length) at construction
+or with ``set_params`` before the next fit (a changed probe setting drops
+the choice). A net trained by ``partial_fit`` one epoch at a time with
+``max_epochs=1`` counts one epoch: pass ``amp_autotune__budget=None``, or
+pin the choice.
 
 Cost
 ----
@@ -140,7 +148,7 @@ file into an ``'auto'`` net that has not chosen yet makes it take that
 choice (a ``LoadInitState`` resume reads it before the first fit, instead
 of probing). ``partial_fit``, ``warm_start`` and a second ``fit`` reuse it; a
 clone probes afresh, and so does the next fit after ``set_params`` changes
-an AMP parameter or the device. Under ``torch.distributed``, rank 0's
+an AMP parameter, a probe setting (``amp_autotune__*``) or the device. Under ``torch.distributed``, rank 0's
 choice is used on every rank.
 """
 
@@ -305,7 +313,7 @@ class AutotuneResult:
                 f"Screen: before any training step was timed, a forward pass took {found}; a dtype over "
                 f"{SCREEN_SLOWER:g}x float32's (slower here) is not timed, as it cannot pay off.")
         if not total:
-            why = "" if self.note else " (nothing left to compare with float32)"
+            why = ": no copy built" if self.note else " (nothing left to compare with float32)"
             lines.append(f"Probe: no training step timed{why}, {self.probe_s:.2f} s.")
             if self.note:
                 lines.append(self.note[:1].upper() + self.note[1:] + ".")
@@ -316,7 +324,8 @@ class AutotuneResult:
             "timed just before it, which cancels changes of the machine's load), \u00b1 half the spread of "
             "both; it may differ from the ratio of the step ms column.")
         lines.append(
-            f"Probe: {total} training steps of {measured} candidates, one after the other ({self.warmup} "
+            f"Probe: {total} training steps of {measured} candidate{'s' if measured != 1 else ''}, one after the "
+            f"other ({self.warmup} "
             f"warm-up + up to {self.steps} timed each, fewer once the timings settle), on the first "
             f"training batch, {self.probe_s:.2f} s. AMP is chosen only when faster than float32 by more than "
             f"{self.margin:.0%} and by more than the spread of its timings, with gradients agreeing with "
@@ -326,8 +335,11 @@ class AutotuneResult:
         )
         if self.budget is not None and self.fit_steps is not None and self.budget_spent is not None:
             lines.append(
-                f"Budget: the probe may cost {self.budget:.0%} of this fit's {self.fit_steps} training steps "
-                f"(amp_autotune__budget={self.budget:g}); it cost about {self.budget_spent:.1f} float32 steps.")
+                f"Budget: the probe is budgeted at {self.budget:.0%} of this fit's {self.fit_steps} training steps "
+                f"(amp_autotune__budget={self.budget:g}: about {self.budget * self.fit_steps:.1f} float32 steps); "
+                f"it cost about {self.budget_spent:.1f}.")
+        if self.note:
+            lines.append(self.note[:1].upper() + self.note[1:] + ".")
         if self.table[0].get("noisy"):
             lines.append(
                 "The timings were too noisy to decide (the machine is busy?): float32 was kept. Fix: "

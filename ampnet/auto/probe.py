@@ -320,14 +320,15 @@ def _relative_spread(values: list[float]) -> float:
 
 def _time_rounds(candidate: _Candidate, timer: Callable[[dict, Callable[[], Any]], float],
                  reference: Callable[[], float], settings: Mapping[str, Any], base_level: float | None,
-                 budget: Budget) -> None:
+                 budget: Budget, next_ratio: float | None = None) -> None:
     """Up to ``settings['steps']`` rounds of (float32 forward pass, timed step);
     after :data:`MIN_ROUNDS` rounds, stop once the candidate is clearly slower
     than float32 in every round (:data:`SLOWER`), its timings have settled
     (their relative spread at most :data:`SETTLED` x the margin), or one
-    more round would overrun the probe's budget."""
+    more round would overrun the probe's budget or leave no room for the
+    next candidate (whose steps take about ``next_ratio`` x float32's)."""
     for k in range(settings["steps"]):
-        if k >= MIN_ROUNDS and not budget.room_for_round(candidate):
+        if k >= MIN_ROUNDS and not budget.room_for_round(candidate, next_ratio):
             return
         candidate.time_step(timer, reference())
         if k + 1 < MIN_ROUNDS:
@@ -416,11 +417,21 @@ def _disturbed(clocks: Mapping[str, float], device: torch.device) -> str | None:
     return None
 
 
+#: The fix of a probe cut short by its budget.
+_BUDGET_FIX = ("Fix: pin amp_enabled=True to train with AMP, or pass a larger amp_autotune__budget (or None, to "
+               "measure whatever the fit's length) at construction or with set_params before the next fit")
+
+
 def _too_short(budget: Budget) -> str:
     return (f"this fit is too short for measuring to pay off: the cheapest probe takes about "
-            f"{budget.minimal():.0f} float32 training steps, over {budget.describe()}, so float32 is kept "
-            "without measuring. Fix: pin amp_enabled=True to train with AMP, or pass "
-            "amp_autotune__budget=None to measure whatever the fit's length")
+            f"{budget.minimal():.1f} float32 training steps, over {budget.describe()}, so float32 is kept "
+            f"without measuring. {_BUDGET_FIX}")
+
+
+def _spent_before_amp(budget: Budget) -> str:
+    return (f"the probe's budget ({budget.describe()}) was spent on float32's own measurement and the screen "
+            f"({budget.spent:.1f} float32 steps), before any AMP candidate was timed: float32 is kept without a "
+            f"verdict on AMP. {_BUDGET_FIX}")
 
 
 def _measure(net: Any, X: Any, y: Any, epochs: int | None, fit_params: dict[str, Any], settings: dict[str, Any],
@@ -490,21 +501,23 @@ def _measure(net: Any, X: Any, y: Any, epochs: int | None, fit_params: dict[str,
     base_spread = 0.0
     reference_grads = None
     all_refs: list[float] = []
-    order = sorted(range(len(candidates)), key=lambda i: (i != first, complexity(candidates[i][0])))
-    for i in order:
+    cut = False  # a candidate was left out for the budget
+    order = [i for i in sorted(range(len(candidates)), key=lambda i: (i != first, complexity(candidates[i][0])))
+             if not candidates[i][1] and candidates[i][0] in measured]
+    for n, i in enumerate(order):
         row, (params, skip) = rows[i], candidates[i]
-        if skip or params not in measured:
-            continue
+        next_ratio = (rows[order[n + 1]].get("forward_ratio") or 1.0) if n + 1 < len(order) else None
         is_baseline = base_level is None
         if not is_baseline and not budget.room_for(row.get("forward_ratio") or 1.0,
                                                    statistics.median(all_refs) if all_refs else 0.0):
             row["reason"] = f"not measured: the probe's budget was spent ({budget.describe()})"
+            cut = True
             continue
         candidate = None
         try:
             candidate = baseline if is_baseline else _Candidate(net, params, batch, restore_rng, reference_grads)
             candidate.warm_up(settings["warmup"])
-            _time_rounds(candidate, timer, reference, settings, base_level, budget)
+            _time_rounds(candidate, timer, reference, settings, base_level, budget, next_ratio)
         except _Refused as exc:
             if is_baseline:
                 raise exc.__cause__ from None
@@ -534,4 +547,6 @@ def _measure(net: Any, X: Any, y: Any, epochs: int | None, fit_params: dict[str,
     spent["spent"] = budget.spent
     clocks["screen"] = screen_s or 0.0
     clocks["rounds"] = statistics.median(all_refs) if all_refs and forward is not None else 0.0
+    if cut and not any(rows[i].get("steps") for i in order if i != first):
+        return _spent_before_amp(budget)
     return None
