@@ -480,9 +480,10 @@ def with_name_hints(exc: ValueError, net: Any, names: Any) -> ValueError:
         if init is not None and cls is not object:
             known.update(name for name, p in inspect.signature(init).parameters.items()
                          if name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
-    prefixes = set(getattr(net, "prefixes_", ())) - {"grad_scaler", "amp_autotune"}
+    # a name that starts with a prefix (iterator_train_shuffle, grad_scaler__growth_factr) has its
+    # own hint: skorch's "did you mean iterator_train__shuffle?", ampnet's scaler and probe checks
+    prefixes = tuple(getattr(net, "prefixes_", ()))
     unknown = [name for name in names
-               if name not in known and not name.endswith("_") and name in text
-               and name.split("__", 1)[0] not in prefixes]
+               if name not in known and not name.endswith("_") and name in text and not name.startswith(prefixes)]
     hint = close_names(unknown, sorted(known))
     return ValueError(text + hint) if hint else exc

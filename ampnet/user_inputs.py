@@ -157,8 +157,8 @@ def _classifier_target(net: Any, y: Any) -> Any:
     ``NeuralNetBinaryClassifier``; text labels refused with the fix."""
     if not isinstance(y, np.ndarray) or not isinstance(net, (NeuralNetClassifier, NeuralNetBinaryClassifier)):
         return y
-    if y.dtype.kind in "OUS":
-        shown = ", ".join(repr(str(v)) for v in np.unique(y[:64].astype(str))[:3])
+    if y.dtype.kind in "US" or (y.dtype.kind == "O" and y.size and all(isinstance(v, str) for v in y.flat[:64])):
+        shown = ", ".join(repr(str(v)) for v in np.unique(y.ravel()[:64].astype(str))[:3])
         raise ValueError(
             f"y holds text labels ({shown}, ...), but {type(net).__name__} trains on numbers "
             f"({'class indices 0 to n_classes - 1' if isinstance(net, NeuralNetClassifier) else '0 and 1'}). "

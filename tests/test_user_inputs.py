@@ -191,3 +191,25 @@ def test_a_classifier_casts_int32_labels_and_refuses_text_labels():
     assert torch.equal(net.module_.lin.weight, same.module_.lin.weight)
     with pytest.raises(ValueError, match="text labels.*'a'.*LabelEncoder"):
         AmpNetClassifier(_Probs, max_epochs=1, train_split=None, verbose=0).fit(X, np.array(list("abc") * 21 + ["a"]))
+    with pytest.raises(ValueError, match="text labels.*'b'.*LabelEncoder"):  # strings in an object array too
+        AmpNetClassifier(_Probs, max_epochs=1, train_split=None, verbose=0).fit(
+            X, np.array(list("bcd") * 21 + ["b"], dtype=object))
+
+
+def test_an_object_y_of_sequences_is_not_taken_for_text():
+    """skorch's variable-length targets (an object array of arrays, with a
+    custom loss) reach the loss as skorch gives them."""
+    from ampnet import AmpNetClassifier
+
+    X = np.ones((4, 1), dtype=np.float32)
+    y = np.empty(4, dtype=object)
+    for i in range(4):
+        y[i] = np.ones((i + 1, 1), dtype=np.float32)
+    net = AmpNetClassifier(torch.nn.Linear, module__in_features=1, module__out_features=1, max_epochs=1,
+                           batch_size=1, train_split=None, verbose=0)
+    net.initialize()
+    seen = []
+    net.get_loss = lambda y_pred, y_true, *args, **kwargs: (seen.append(tuple(y_true.shape)), y_pred.sum())[1]
+    net.check_data = lambda *args, **kwargs: None
+    net.fit(X, y)
+    assert sorted(seen) == [(1, 1, 1), (1, 2, 1), (1, 3, 1), (1, 4, 1)]

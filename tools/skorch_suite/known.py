@@ -83,6 +83,13 @@ KNOWN: list[tuple[str, tuple[str, ...], str, str]] = [
         "test counts); ampnet refuses it at the first training batch with a ValueError naming "
         "both shapes and the fix y.reshape(-1, 1) (user_inputs.check_target_shape).",
     ),
+    (
+        r"test_net\.TestNeuralNet::test_net_init_two_unknown_arguments$", ("off", "on"), "b",
+        "a misspelled argument gets the close valid name appended to skorch's message "
+        "('... explicitly. Did you mean batch_size (for bathc_size), max_epochs (for mxa_epochs)?'); "
+        "the test compares the whole message with skorch's (reconfigure.with_name_hints; "
+        "docs/user_guide/skorch_differences.md).",
+    ),
     # test_doctor.py (SKORCH_SUITE_FILES=test_doctor.py): SkorchDoctor on AMP nets
     (
         r"test_doctor\.TestSkorchDoctorSimple::test_activation_recs_values$", ("on",), "b",
