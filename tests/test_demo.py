@@ -89,8 +89,11 @@ def test_demo_times_each_fit_after_an_untimed_warm_up(capsys, monkeypatch):
     fits = []
     real_fit = AmpNetClassifier.fit
 
+    budgets = []
+
     def fit(self, X, y=None, **kw):
         fits.append((self.amp_enabled, len(X)))
+        budgets.append(self.get_params().get("amp_autotune__budget", "default"))
         return real_fit(self, X, y, **kw)
 
     monkeypatch.setattr(AmpNetClassifier, "fit", fit)
@@ -103,6 +106,9 @@ def test_demo_times_each_fit_after_an_untimed_warm_up(capsys, monkeypatch):
     n = fits[-1][1]
     assert fits[:2] == [(False, demo.WARM_UP_ROWS), (True, demo.WARM_UP_ROWS)]
     assert [f[0] for f in fits[2:]] == [False, True, "auto"] and all(f[1] == n > demo.WARM_UP_ROWS for f in fits[2:])
+    # the README: the demo's 'auto' measures although its fits are short (amp_autotune__budget=None)
+    assert budgets[-1] is None and fits[-1][0] == "auto"
+    assert "training steps of" in "\n".join(out) or "Screen:" in "\n".join(out)  # it measured
     done = [line for line in out if line.startswith("[")]
     assert all(re.search(r"done in \d+\.\d+ s \(the fit: 2 epochs", line) for line in done), done
     assert "probe included" in done[2] and "probe" not in done[0] + done[1]
