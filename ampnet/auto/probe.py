@@ -505,7 +505,7 @@ def _measure(net: Any, X: Any, y: Any, epochs: int | None, fit_params: dict[str,
     order = [i for i in sorted(range(len(candidates)), key=lambda i: (i != first, complexity(candidates[i][0])))
              if not candidates[i][1] and candidates[i][0] in measured]
     for n, i in enumerate(order):
-        row, (params, skip) = rows[i], candidates[i]
+        row, params = rows[i], candidates[i][0]
         next_ratio = (rows[order[n + 1]].get("forward_ratio") or 1.0) if n + 1 < len(order) else None
         is_baseline = base_level is None
         if not is_baseline and not budget.room_for(row.get("forward_ratio") or 1.0,
