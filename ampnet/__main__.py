@@ -3,7 +3,7 @@ mixed precision, and with ``amp_enabled='auto'`` (which measures which of
 them pays off on this machine), and print what each run did.
 
 Each run's "done in" time is that of its ``fit`` (``amp_enabled='auto'``'s
-probe included), measured after an untimed warm-up; the table's "median
+measuring steps included), measured after an untimed warm-up; the table's "median
 epoch ms" is the median of the runs' epoch times."""
 
 from __future__ import annotations
@@ -49,9 +49,8 @@ def _runs() -> list[tuple[str, dict]]:
     return [
         ("float32 (AMP off)", {"amp_enabled": False}),
         ("AMP on, amp_dtype='auto'", {"amp_enabled": True, "amp_dtype": "auto"}),
-        # the demo's fits (66 steps) are far shorter than the default budget lets 'auto' measure
-        # (amp_autotune__budget=0.03: about 310 steps); it measures anyway, to show what it finds
-        ("amp_enabled='auto'", {"amp_enabled": "auto", "amp_autotune__budget": None}),
+        # measures in its fit's first steps, or starts with the choice an earlier run stored
+        ("amp_enabled='auto'", {"amp_enabled": "auto"}),
     ]
 
 
@@ -99,7 +98,7 @@ def _warm_up(args: argparse.Namespace, data: tuple) -> float:
 
 def _train(label: str, amp: dict, args: argparse.Namespace, data: tuple) -> tuple[tuple[str, ...], Any, float]:
     """Fit one net; return its table row, the net and the seconds its
-    ``fit`` took (``amp_enabled='auto'``'s probe included)."""
+    ``fit`` took (``amp_enabled='auto'``'s measuring steps included)."""
     X_train, X_test, y_train, y_test = data
     net = _net(amp, args, epochs=args.epochs)
     with warnings.catch_warnings(record=True) as caught:
@@ -113,7 +112,8 @@ def _train(label: str, amp: dict, args: argparse.Namespace, data: tuple) -> tupl
     notes = sorted({str(w.message).split(";")[0].split(":")[0] for w in caught})
     tuned = getattr(net, "amp_autotune_", None)
     if tuned is not None:
-        notes.insert(0, f"chosen by a {tuned.probe_s:.2f} s probe")
+        notes.insert(0, f"{tuned.source}: its measuring steps cost {tuned.cost_s:.2f} s"
+                     if tuned.source == "measured" else f"choice {tuned.source}")
     return (
         label,
         net.precision_policy_.name,
@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
             nets.append(net)
             epochs = f"{args.epochs} epoch{'s' if args.epochs != 1 else ''}"
             tuned = getattr(net, "amp_autotune_", None)
-            probe = f", its {tuned.probe_s:.2f} s probe included" if tuned is not None else ""
+            probe = f", its {tuned.cost_s:.2f} s of measuring steps included" if tuned is not None else ""
             print(f"done in {fit_s:.2f} s (the fit: {epochs}{probe}; test accuracy {row[2]})", flush=True)
     except ValueError as exc:  # a bad setting, e.g. a device this machine lacks
         print("failed", flush=True)
@@ -201,30 +201,23 @@ def main(argv: list[str] | None = None) -> int:
 def _verdict(net: Any, device: str) -> str:
     """One honest sentence on whether AMP pays off here."""
     result = net.amp_autotune_
-    base = result.table[0]["step_time_s"]
-    if result.params["amp_enabled"]:
-        chosen = next(r for r in result.table if r["chosen"])
-        gain = chosen.get("gain")
-        if gain is None:
-            gain = 1 - chosen["step_time_s"] / base if base else 0.0
-        return (f"AMP pays off on this machine: {result.chosen} ran {gain:.0%} faster per step "
-                "than float32 in the probe, so amp_enabled='auto' trains with it.")
-    if result.table[0].get("noisy"):
-        return ("The probe's timings were too noisy to tell whether AMP pays off on this machine now "
-                "(is it busy?), so amp_enabled='auto' trains in float32; run it on a quiet machine.")
     reason = ""
     if torch.device(device).type == "cpu" and not cpu_has_native_bf16():
         reason = (" This CPU has no native bfloat16 (AVX512-BF16 or AMX): bfloat16 is emulated, "
                   "so AMP cannot pay off here; on a CPU with it, or a recent GPU, it can.")
-    screened = [r["forward_ratio"] for r in result.table[1:]
-                if r.get("forward_ratio") is not None and not r.get("steps")]
-    if screened and not any(r.get("steps") for r in result.table[1:]):
-        found = (f"its forward pass in low precision took {min(screened):.1f}x float32's, too slow for "
-                 "any AMP setting to be worth timing")
-    else:
-        found = f"no AMP setting beat float32 by more than {result.margin:.0%} in the probe"
-    return (f"AMP does not pay off for this model on this machine: {found}, so amp_enabled='auto' "
-            "trains in float32." + reason)
+    if result.source in ("cache", "checkpoint", "loaded"):
+        return (f"amp_enabled='auto' trains in {result.chosen}, a choice made by an earlier fit of this model "
+                f"on this machine ({result.cache or result.source}); it measured nothing. Pass "
+                "amp_autotune__cache=False to measure again." + reason)
+    times = [row.get("step_s") for row in result.table]
+    if result.source != "measured" or len(times) < 2 or not all(times):
+        return f"amp_enabled='auto' trains in {result.chosen} without measuring: {result.note}." + reason
+    ratio = times[1] / times[0]
+    if result.params["amp_enabled"]:
+        return (f"AMP pays off on this machine: {result.chosen} took {ratio:.2f}x float32's step time in the "
+                "fit's first steps, so amp_enabled='auto' trains with it.")
+    return (f"AMP does not pay off for this model on this machine: mixed precision took {ratio:.2f}x float32's "
+            "step time in the fit's first steps, so amp_enabled='auto' trains in float32." + reason)
 
 
 if __name__ == "__main__":

@@ -229,8 +229,9 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
     # ---- the training step ----------------------------------------------
 
     def train_step(self, batch: Any, **fit_params: Any) -> dict[str, Any]:
-        """One micro-batch: see :func:`ampnet.step.train_step`."""
-        return steps.train_step(self, batch, **fit_params)
+        """One micro-batch: see :func:`ampnet.step.train_step` (in the
+        candidate of its step while ``amp_enabled='auto'`` measures)."""
+        return auto.train_step(self, steps.train_step, batch, **fit_params)
 
     def train_step_single(self, batch: Any, **fit_params: Any) -> dict[str, Any]:
         """Forward and loss in the precision context, then :meth:`backward`."""
@@ -357,9 +358,11 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
     def on_epoch_end(self, net, dataset_train=None, dataset_valid=None, **kwargs):
         super().on_epoch_end(net, dataset_train=dataset_train, dataset_valid=dataset_valid, **kwargs)
         steps.record_epoch(self)
+        auto.end_epoch(self)
 
     def on_train_end(self, net, X=None, y=None, **kwargs):
         super().on_train_end(net, X=X, y=y, **kwargs)
+        auto.end_fit(self)
         message = nonfinite_loss_message(self)  # the last epoch's training loss is NaN/inf
         if message:
             amp_warn(message)

@@ -146,14 +146,12 @@ def _number_in(name: str, low: float, high: float, high_open: bool, fix: str) ->
     return check
 
 
-def _budget(value: Any) -> Any:
-    if value is None:
-        return None
-    if isinstance(value, Real) and not is_bool(value) and 0.0 < float(value) <= 1.0:
-        return float(value)
-    raise _refuse("amp_autotune__budget", value, "None or a number in (0, 1]",
-                  "leave it at 0.03 (the probe is budgeted at 3% of the fit), or pass None to measure "
-                  "whatever the fit's length.")
+def _timer(value: Any) -> Any:
+    if value is None or callable(value):
+        return value
+    raise _refuse("amp_autotune__timer", value, "None or a callable timer(params, seconds) -> seconds",
+                  "leave it at None (the wall clock), or pass a function that returns the seconds to count "
+                  "for a step of the candidate params.", TypeError)
 
 
 def _amp_enabled(value: Any) -> Any:
@@ -260,21 +258,28 @@ for _name, _default in _SCALER_DEFAULTS.items():
                       (LIVE_SCALER,) if _name in _LIVE else (SCALER,),
                       doc="loss-scaler setting" + (", changed on the live scaler" if _name in _LIVE else "")))
 _ROWS += [
-    _row("amp_autotune__steps", 5,
-         _int_at_least("amp_autotune__steps", 1, 100, "leave it at 5, or pass an int in [1, 100]."),
-         (NOTHING,), doc="'auto': timed rounds per candidate"),
+    _row("amp_autotune__steps", 6,
+         _int_at_least("amp_autotune__steps", 1, 100, "leave it at 6, or pass an int in [1, 100]."),
+         (NOTHING,), doc="'auto': timed pairs (a float32 and a mixed step) at most"),
     _row("amp_autotune__warmup", 1,
          _int_at_least("amp_autotune__warmup", 0, 100, "leave it at 1, or pass an int in [0, 100]."),
-         (NOTHING,), doc="'auto': untimed steps per candidate"),
+         (NOTHING,), doc="'auto': untimed first steps per candidate"),
     _row("amp_autotune__margin", 0.05,
          _number_in("amp_autotune__margin", 0.0, 1.0, True, "leave it at 0.05, or pass a number in [0, 1)."),
-         (NOTHING,), doc="'auto': how much faster than float32 AMP must be"),
-    _row("amp_autotune__budget", 0.03, _budget, (NOTHING,),
-         doc="'auto': the most its probe may cost, as a share of the fit's float32 training time (None: no limit)"),
-    _row("amp_autotune__min_cosine", 0.98,
-         _number_in("amp_autotune__min_cosine", -1.0, 1.0, False, "leave it at 0.98, or pass a number in [-1, 1]."),
-         (NOTHING,), doc="'auto': agreement of a candidate's first gradients with float32's"),
+         (NOTHING,), doc="'auto': how much faster than float32 mixed precision must be"),
+    _row("amp_autotune__cache", True,
+         _bool("amp_autotune__cache", "amp_autotune__cache=True (remember the choice per machine and model) "
+               "or False (nothing read or written)."),
+         (NOTHING,), doc="'auto': read and store the choice in the cache folder (AMPNET_CACHE_DIR)"),
+    _row("amp_autotune__timer", None, _timer, (NOTHING,),
+         doc="'auto': None (the wall clock) or timer(params, seconds) -> seconds counted for a step"),
 ]
+
+#: Settings of ``amp_enabled='auto'`` that 0.4's measurement in the fit's own steps removed, with why.
+REMOVED = {
+    "budget": "auto measures in the fit's own steps, every one of them kept, so there is no probe to budget",
+    "min_cosine": "auto no longer compares gradients on copies of the model",
+}
 
 #: The table, by name.
 PARAMS: Mapping[str, Param] = MappingProxyType({row.name: row for row in _ROWS})
@@ -318,6 +323,12 @@ def check_names(prefix: str, given: Mapping[str, Any]) -> None:
     unknown = sorted(set(given) - set(valid))
     if not unknown:
         return
+    removed = [name for name in unknown if prefix == "amp_autotune" and name in REMOVED]
+    if removed:
+        name = removed[0]
+        raise ValueError(
+            f"amp_autotune__{name} was removed in ampnet 0.4: {REMOVED[name]}. Fix: drop "
+            f"amp_autotune__{name}={describe(given[name])}.")
     raise ValueError(
         f"Unknown {prefix} setting(s): {named_with_hints(prefix, unknown, valid)}. Valid settings are: "
         f"{', '.join(prefix + '__' + v for v in valid)}. Fix: correct the name, or drop it.")

@@ -33,7 +33,7 @@ from ampnet.params import (
 )
 from ampnet.precision import (
     COMPENSATION_KEY, GradScaler, Precision, PrecisionSettings, build_scaler, build_settings, compensation_of,
-    keep_kernels, kernels_differ, user_chose_kernel, validate_scaler_settings,
+    keep_kernels, kernels_differ, set_kernels, user_chose_kernel, validate_scaler_settings,
 )
 
 if TYPE_CHECKING:
@@ -42,7 +42,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "checked_params", "read_settings", "uses_closure", "ampnet_kernels", "initialize", "initialize_grad_scaler",
-    "initialize_module", "set_params", "relayout", "apply_choice", "apply_fp32_choice", "choice_problem",
+    "initialize_module", "set_params", "relayout", "apply_choice", "switch_in_fit", "apply_fp32_choice",
+    "choice_problem", "refuse_unswitchable",
     "with_name_hints",
 ]
 
@@ -77,10 +78,29 @@ def checked_params(net: "AmpNetMixin", changes: Mapping[str, Any] | None = None)
     device = torch.device(params.get("device") or "cpu") if _is_device(params.get("device")) else None
     if device is not None and torch.amp.is_autocast_available(device.type) and (
             device.type != "cuda" or torch.cuda.is_available()):
-        level = "pure" if params["amp_master_weights"] is not True else params["amp_level"]
-        read_settings({**params, "amp_enabled": True, "amp_level": level})
+        refuse_unswitchable(params)
+        read_settings({**params, "amp_enabled": True})
     choice = None if auto_inputs().intersection(changes) else net.__dict__.get("amp_autotune_")
     return {**params, **(choice.params if choice is not None else pending_params(params["memory_format"]))}
+
+
+def refuse_unswitchable(params: Mapping[str, Any]) -> None:
+    """Refuse ``'auto'`` with settings that cannot be switched to and from
+    float32 between two steps (``params``: checked constructor values).
+
+    Raises
+    ------
+    ValueError
+      Naming the parameter, its value and the fix.
+    """
+    for name, default in (("amp_level", "mixed"), ("amp_master_weights", True), ("amp_modules", None)):
+        value = params.get(name, default)
+        if value != default and not (value is default):
+            raise ValueError(
+                f"amp_enabled='auto' chooses between float32 and mixed precision, measured in the fit's own "
+                f"steps, and cannot switch to {name}={value!r} between two steps (the weights or their "
+                f"precision regions would be rebuilt). Fix: pin it, with amp_enabled=True and {name}={value!r}, "
+                f"or keep {name}={default!r} with amp_enabled='auto'.")
 
 
 def _is_device(value: Any) -> bool:
@@ -434,6 +454,28 @@ def apply_choice(net: "AmpNetMixin", result: "AutotuneResult", carry: bool = Tru
                     optimizer.state[p][COMPENSATION_KEY] = kept[id(p)].to(p.dtype)
     # a new step state, as initialize() builds; DDP re-wraps the module by itself
     net.amp_step_state_ = steps.StepState(closure=uses_closure(net))
+
+
+def switch_in_fit(net: "AmpNetMixin", result: "AutotuneResult") -> None:
+    """Switch an ``'auto'`` net that measured in its fit's first steps to
+    the float32 choice ``result`` in place: a new precision component, and
+    the optimizers' kernels set in their parameter groups as a float32 net
+    builds them, the optimizer objects (which callbacks such as skorch's
+    ``LRScheduler`` hold) kept with their state. Mixed precision and float32
+    share the module's layout (float32 weights, the same memory format)."""
+    net.__dict__["amp_autotune_"] = result
+    old, new = net.precision_, Precision.build(read_settings(checked_params(net)), _scaler_params(net))
+    module = net.__dict__.get("module_")
+    if isinstance(module, torch.nn.Module):
+        new.take_over(old, module, getattr(net, "_trimmed_for_prediction", False))
+    net.__dict__["precision_"] = new
+    for name in ampnet_kernels(net):
+        optimizer = net.__dict__.get(name + "_")
+        if isinstance(optimizer, torch.optim.Optimizer) and callable(getattr(net, name, None)):
+            _, kwargs = net.get_params_for_optimizer(name, net.get_all_learnable_params())
+            set_kernels(optimizer, kwargs)
+    net.amp_step_state_.scale = None
+    net.amp_step_state_.closure = uses_closure(net)
 
 
 def apply_fp32_choice(net: "AmpNetMixin", names: tuple[str, ...]) -> None:

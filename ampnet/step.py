@@ -66,6 +66,7 @@ class StepState:
     recorder: Any = None  # ampnet.flight.FlightRecorder while an AmpMonitor watches the fit
     check_loss_inputs: bool = True  # the fit's first training batch is checked (output_checks)
     not_probabilities: bool = False  # that check warned: outputs are no probabilities under NLLLoss
+    trial: Any = None  # ampnet.auto.trial.Trial while amp_enabled='auto' measures or watches its choice
 
 
 def train_step(net: Any, batch: Any, **fit_params: Any) -> dict[str, Any]:

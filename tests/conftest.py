@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import torch
 
-import ampnet.auto.probe
 
 torch.set_num_threads(1)
 
@@ -167,52 +166,24 @@ def device_dtype(request):
     return request.param
 
 
-# ---- injected timings for the probe of amp_enabled="auto" ---------------------------------
+# ---- amp_enabled="auto": its cache, and both sides of its choice on any CPU -------------------
 
 
-@contextlib.contextmanager
-def timed_probes(timer):
-    """Inside the block, the probe of ``amp_enabled="auto"`` times its steps with
-    ``timer(params, step) -> seconds`` (which must run ``step()``) instead of the
-    wall clock: :func:`ampnet.auto.probe.wall_timer` is looked up at each probe.
-    ``timer=None`` leaves the wall clock. The busy-machine check's clocks
-    (:func:`ampnet.auto.probe.cpu_clocks`) read a quiet machine (see
-    :func:`quiet_clocks`), since the injected times are not real."""
-    if timer is None:
-        yield timer
-        return
-    with mock.patch.object(ampnet.auto.probe, "wall_timer", lambda device: timer), \
-            mock.patch.object(ampnet.auto.probe, "cpu_clocks", quiet_clocks()):
-        yield timer
-
-
-def quiet_clocks(cpu_share=1.0, step_s=0.0):
-    """A stand-in for :func:`ampnet.auto.probe.cpu_clocks`: each call advances
-    the wall clock by ``step_s`` seconds (its real time when 0) and this
-    thread's CPU clock by ``cpu_share`` of that."""
-    import time
-
-    state = {"wall": 0.0, "cpu": 0.0, "last": None}
-
-    def clocks():
-        now = time.perf_counter()
-        step = step_s or (now - state["last"] if state["last"] is not None else 0.0)
-        state["last"] = now
-        state["wall"] += step
-        state["cpu"] += cpu_share * step
-        return state["wall"], state["cpu"]
-
-    return clocks
+@pytest.fixture(autouse=True)
+def auto_cache_dir(tmp_path_factory, monkeypatch):
+    """Every test has a cache folder of its own for ``amp_enabled="auto"``
+    (``AMPNET_CACHE_DIR``): no test reads another's choice or the user's cache."""
+    folder = tmp_path_factory.mktemp("ampnet-cache")
+    monkeypatch.setenv("AMPNET_CACHE_DIR", str(folder))
+    return folder
 
 
 @pytest.fixture
-def probe_timer(monkeypatch):
-    """``probe_timer(timer)``: the probes of ``amp_enabled="auto"`` in the rest of
-    the test time their steps with ``timer`` (see :func:`timed_probes`); returns it."""
+def native_bf16(monkeypatch):
+    """``amp_enabled="auto"`` takes this CPU for one that computes bfloat16
+    natively, so that it measures mixed precision on any CI machine (the
+    tests give it a timer, ``amp_autotune__timer``, for the other machine's
+    timings)."""
+    import ampnet.auto.enabled
 
-    def install(timer):
-        monkeypatch.setattr(ampnet.auto.probe, "wall_timer", lambda device: timer)
-        monkeypatch.setattr(ampnet.auto.probe, "cpu_clocks", quiet_clocks())
-        return timer
-
-    return install
+    monkeypatch.setattr(ampnet.auto.enabled, "cpu_has_native_bf16", lambda: True)

@@ -1,61 +1,59 @@
 """The auto wing: ``amp_enabled='auto'`` and ``amp_fp32_modules='auto'``.
 
-This package's one door. The net calls :func:`resolve` once at the start of
-each fit (it does nothing once both choices are made); persistence calls
-:func:`write_choices` and :func:`plan_choices` to save and load the choices.
-Nothing else in ampnet imports the wing's modules:
+This package's one door. The net calls :func:`resolve` at the start of each
+fit (it does nothing once both choices are made), :func:`train_step` for
+each training micro-batch, :func:`end_epoch` and :func:`end_fit`;
+persistence calls :func:`write_choices` and :func:`plan_choices`.
 
-- :mod:`ampnet.auto.enabled`: the candidates of ``amp_enabled='auto'``, the
-  choice among them, :class:`AutotuneResult`;
-- :mod:`ampnet.auto.screen`: one forward pass per low-precision dtype
-  against float32's, before any candidate is timed;
-- :mod:`ampnet.auto.budget`: how much the probe may measure, a share
-  of the fit's float32 training time (``amp_autotune__budget``);
-- :mod:`ampnet.auto.probe`: the probe's copies of the net and their
-  interleaved timed rounds;
-- :mod:`ampnet.auto.fp32_modules`: the overflow probe of
-  ``amp_fp32_modules='auto'``;
-- :mod:`ampnet.auto.saved`: both saved choices, one mechanism.
+``amp_enabled='auto'`` takes, in this order, the choice of the checkpoint a
+``LoadInitState`` resumes, the stored one (:mod:`ampnet.auto.cache`), the
+device's where mixed precision cannot pay off or the fit is too short to
+measure; else it measures in the fit's first steps (:mod:`ampnet.auto.trial`):
+the net starts in mixed precision and its float32 steps pause autocast.
+Once decided, a float32 choice switches the net in place
+(:func:`ampnet.reconfigure.switch_in_fit`), and the choice is stored.
 
-Switching a net to a choice is :func:`ampnet.reconfigure.apply_choice` and
-:func:`ampnet.reconfigure.apply_fp32_choice`, as for any other change of
-its components.
+- :mod:`ampnet.auto.enabled`: candidates, :class:`AutotuneResult`;
+- :mod:`ampnet.auto.trial`: the measurement and the watch over the choice;
+- :mod:`ampnet.auto.cache`: the on-disk memory;
+- :mod:`ampnet.auto.fp32_modules`: ``amp_fp32_modules='auto'``'s probe;
+- :mod:`ampnet.auto.saved`: both choices in checkpoints.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from skorch.callbacks import LoadInitState as SkorchLoadInitState
 
 from ampnet import reconfigure
-from ampnet.auto.enabled import AutotuneResult, label
-from ampnet.auto.fp32_modules import resolve_fp32_modules
-from ampnet.auto.probe import CopyFailed, run_probe
+from ampnet.auto import cache
+from ampnet.auto.enabled import (
+    AutotuneResult, candidate_params, device_choice, label, settings_of, table_of,
+)
+from ampnet.auto.fp32_modules import resolve_fp32_modules, split_params
 from ampnet.auto.saved import enabled_choice, fp32_choice, plan_choices, write_choices
+from ampnet.auto.trial import Trial
 from ampnet.exceptions import amp_warn
 from ampnet.io.files import checkpoint_files, read_params_file
 from ampnet.net_state import all_or_nothing
-from ampnet.params import is_auto, pending_params
+from ampnet.params import is_auto
+from ampnet.random_state import kept_random_state
 
-__all__ = ["resolve", "AutotuneResult", "write_choices", "plan_choices"]
+__all__ = ["resolve", "train_step", "end_epoch", "end_fit", "AutotuneResult", "write_choices", "plan_choices"]
 
 
 def resolve(net: Any, X: Any, y: Any = None, **fit_params: Any) -> None:
-    """Make the choices that the first fit of ``net`` is waiting for:
-    ``amp_enabled='auto'``'s, then ``amp_fp32_modules='auto'``'s (which
-    exists only once AMP is on). Each is taken from the checkpoint that a
-    ``LoadInitState`` callback resumes from, where it holds one this net can
-    use, else measured; then the net switches to it, all or nothing."""
-    enabled = is_auto(net.amp_enabled) and "amp_autotune_" not in net.__dict__
-    if not (enabled or _fp32_pending(net)):
+    """Make the choices that this fit of ``net`` is waiting for:
+    ``amp_enabled='auto'``'s (or start measuring it), then
+    ``amp_fp32_modules='auto'``'s (which exists only once AMP is on)."""
+    if not (_enabled_pending(net) or _fp32_pending(net)):
         return
     saved, source = _resume_state(net)
     epochs = fit_params.pop("epochs", None)  # fit(X, y, epochs=n): fit_loop's, not the data's
-    if enabled:
-        _resolve_enabled(net, X, y, saved, source, epochs,
-                         **{k: v for k, v in fit_params.items() if k != "_routing_method"})
+    if _enabled_pending(net):
+        _resolve_enabled(net, X, y, saved, source, epochs, **fit_params)
     if _fp32_pending(net):
         names = None
         if saved is not None:
@@ -67,6 +65,14 @@ def resolve(net: Any, X: Any, y: Any = None, **fit_params: Any) -> None:
             resolve_fp32_modules(net, X, y, saved=names, **fit_params)
 
 
+def _enabled_pending(net: Any) -> bool:
+    if not is_auto(net.amp_enabled):
+        return False
+    result = net.__dict__.get("amp_autotune_")
+    state = net.__dict__.get("amp_step_state_")
+    return result is None or (result.source == "measuring" and getattr(state, "trial", None) is None)
+
+
 def _fp32_pending(net: Any) -> bool:
     prec = net.__dict__.get("precision_")
     return prec is not None and prec.auto_pending and isinstance(net.__dict__.get("module_"), torch.nn.Module)
@@ -74,38 +80,167 @@ def _fp32_pending(net: Any) -> bool:
 
 def _resolve_enabled(net: Any, X: Any, y: Any, saved: Any, source: str | None, epochs: int | None,
                      **fit_params: Any) -> None:
-    result = None
+    device = torch.device(net.device or "cpu")
+    settings = settings_of(net)
+    candidates, not_worth = candidate_params(net)
     if saved is not None:
         params, problem = enabled_choice(saved)
         problem = problem or (reconfigure.choice_problem(net, params) if params is not None else None)
         if problem:
             amp_warn(f"{source} holds an amp_enabled='auto' choice that this net cannot use ({problem}); "
-                     "it was ignored, and the net measures its own.")
+                     "it was ignored.")
         elif params is not None:
-            result = AutotuneResult(params=params, device=str(net.device), source="loaded")
-    if result is None:
-        try:
-            result = run_probe(net, X, y, epochs, **fit_params)
-        except CopyFailed as exc:
-            params = pending_params(reconfigure.checked_params(net)["memory_format"])
-            result = AutotuneResult(params=params, device=str(net.device), source="fallback", note=str(exc))
-            amp_warn(
-                f"amp_enabled='auto' could not copy the net to measure the candidates ({exc}), so it "
-                f"trains in {label(params)}. Fix: pin the precision (amp_enabled=True or False), or pass "
-                "a module that can be deep-copied (copy.deepcopy), e.g. its class instead of an instance.")
-        if net.parallel_.world_size > 1:  # every rank trains with rank 0's choice
-            shared = [result]
-            torch.distributed.broadcast_object_list(shared, src=0)
-            result = shared[0]
+            return _apply(net, AutotuneResult(params, source="checkpoint", device=str(device), note=source))
+    if not_worth:
+        return _apply(net, AutotuneResult(candidates[0], source="device", device=str(device),
+                                          table=table_of(candidates, None, not_worth), note=not_worth))
+    key = cache.cache_key(net, candidates) if settings["cache"] else None
+    stored = _stored(net, key, candidates)
+    if stored is not None:
+        index, entry, where = stored
+        _apply(net, AutotuneResult(candidates[index], source="cache", device=str(device), cache=where,
+                                   table=table_of(candidates, None)))
+        net.amp_step_state_.trial = _trial(net, candidates, settings, device, chosen=index, predicted=entry["step_s"],
+                                           key=key)
+        return None
+    steps = _fit_steps(net, X, y, epochs, **fit_params)
+    needed = 2 * (settings["warmup"] + 1)
+    if steps is not None and steps < needed:
+        params, why = device_choice(candidates, device)
+        note = (f"this fit has {steps} training step{'s' if steps != 1 else ''}, fewer than the {needed} a "
+                f"measurement needs; chose {why}")
+        return _apply(net, AutotuneResult(params, source="device", device=str(device), note=note,
+                                          table=table_of(candidates, None)))
+    # measure: the fit starts in mixed precision, and its float32 steps pause autocast
+    _apply(net, AutotuneResult(candidates[1], source="measuring", device=str(device),
+                               table=table_of(candidates, None)))
+    net.amp_step_state_.trial = _trial(net, candidates, settings, device, key=key)
+    return None
+
+
+def _trial(net: Any, candidates: list, settings: dict, device: torch.device, chosen: int | None = None,
+           predicted: float | None = None, key: dict | None = None) -> Trial:
+    trial = Trial(candidates, settings["margin"], settings["steps"], settings["warmup"], device,
+                  settings["timer"], chosen=chosen, predicted_s=predicted)
+    trial.key = key
+    return trial
+
+
+def _apply(net: Any, result: AutotuneResult) -> None:
+    if net.parallel_.world_size > 1:  # every rank trains with rank 0's choice
+        shared = [result]
+        torch.distributed.broadcast_object_list(shared, src=0)
+        result = shared[0]
     with all_or_nothing(net):
         reconfigure.apply_choice(net, result)
-    if result.source == "probe" and result.disturbed:
-        amp_warn(f"amp_enabled='auto' measured on a busy machine: {result.disturbed}, so its timings may not "
-                 f"hold for the fit. It chose {result.chosen}, once, for the whole fit. Fix: re-run the fit "
-                 "on a quiet machine, or pin a choice (amp_enabled=True or False); print(net.amp_autotune_) "
-                 "shows what it measured.")
-    if net.verbose and result.source == "probe":
+    if net.verbose and result.source not in ("measuring", "cache"):
         print(result, flush=True)
+
+
+def _stored(net: Any, key: dict | None, candidates: list) -> tuple[int, dict, str] | None:
+    """The stored choice for ``key`` as (its candidate's index, the entry,
+    where it was read), where it is one of ``candidates`` and the net can
+    use it; a malformed entry warns once."""
+    if key is None:
+        return None
+    entry, problem = cache.read_entry(key)
+    if problem is None and entry is not None:
+        params = entry["params"]
+        if params not in candidates:
+            problem = f"{cache.cache_dir()}: its choice {params!r} is not one of this net's candidates"
+        else:
+            problem = reconfigure.choice_problem(net, params)
+    if problem:
+        amp_warn(f"amp_enabled='auto' ignored a cache entry it cannot use ({problem}); it measures again and "
+                 "replaces it. Fix: nothing to do; to stop reading the cache, pass amp_autotune__cache=False.")
+        return None
+    if entry is None:
+        return None
+    return candidates.index(entry["params"]), entry, f"read from {cache.cache_dir()}"
+
+
+def _fit_steps(net: Any, X: Any, y: Any, epochs: int | None, **fit_params: Any) -> int | None:
+    """The fit's training steps: its epochs times the batches of the
+    training split (None where its length is unknown)."""
+    with kept_random_state():
+        dataset, _ = net.get_split_datasets(X, y, **split_params(net, fit_params))
+    kwargs = net.get_params_for("iterator_train")
+    size = kwargs.get("batch_size", net.batch_size)
+    try:
+        rows = len(dataset)
+    except TypeError:
+        return None
+    size = rows if size == -1 else size
+    if not isinstance(size, int) or size <= 0:
+        return None
+    batches = rows // size if kwargs.get("drop_last") else -(-rows // size)
+    steps = -(-batches // max(int(net.gradient_accumulation_steps), 1))
+    return max(int(net.max_epochs if epochs is None else epochs), 0) * steps
+
+
+# ---- the fit's steps ----------------------------------------------------------------------
+
+
+def train_step(net: Any, step: Callable[..., dict], batch: Any, **fit_params: Any) -> dict:
+    """One training micro-batch through ``step``: in the candidate of its
+    step while ``'auto'`` measures, timed while it watches its choice."""
+    state = net.__dict__.get("amp_step_state_")
+    trial = getattr(state, "trial", None)
+    if trial is None:
+        return step(net, batch, **fit_params)
+    measuring = not trial.decided
+    out = trial.run(net, step, batch, **fit_params)
+    if measuring and state.micro_batches == 0:
+        if net.parallel_.world_size > 1:  # rank 0 decides for every rank
+            shared = [trial.chosen, trial.reason]
+            torch.distributed.broadcast_object_list(shared, src=0)
+            trial.chosen, trial.reason = shared
+        if trial.decided:
+            _settle(net, trial)
+    return out
+
+
+def _settle(net: Any, trial: Trial) -> None:
+    """Switch to the trial's choice, record it and store it."""
+    chosen, candidates = trial.chosen, trial.candidates
+    best = trial.step_s(chosen) or 0.0
+    result = AutotuneResult(
+        candidates[chosen], source="measured", device=str(trial.device), table=table_of(candidates, trial.times),
+        steps_run=[label(candidates[i]) for i in trial.log], note=trial.reason,
+        cost_s=sum(max(s - best, 0.0) for i, s in trial.seconds if i != chosen),
+    )
+    if chosen == 0:
+        reconfigure.switch_in_fit(net, result)
+    else:
+        net.__dict__["amp_autotune_"] = result
+    rank = torch.distributed.get_rank() if net.parallel_.world_size > 1 else 0
+    if trial.key is not None and rank == 0 and trial.step_s(chosen):
+        problem = cache.write_entry(trial.key, result.params, trial.step_s(chosen))
+        result.cache = f"not stored: {problem}" if problem else (
+            f"stored in {cache.cache_dir()}: the next fit of this model on this machine starts with it")
+    if net.verbose:
+        print(result, flush=True)
+
+
+def end_epoch(net: Any) -> None:
+    """At an epoch's end: the chosen setting's steps against what was measured."""
+    trial = getattr(net.__dict__.get("amp_step_state_"), "trial", None)
+    result = net.__dict__.get("amp_autotune_")
+    if trial is None or not trial.decided or result is None or result.check:
+        return
+    finding = trial.end_epoch(len(net.history))
+    if finding:
+        result.check = finding + "; the stored choice is dropped, and the next fit measures again"
+        if trial.key is not None:
+            cache.forget_entry(trial.key)
+
+
+def end_fit(net: Any) -> None:
+    """At a fit's end: a measurement the fit ended first decides with what it has."""
+    trial = getattr(net.__dict__.get("amp_step_state_"), "trial", None)
+    if trial is not None and not trial.decided:
+        trial.finish()
+        _settle(net, trial)
 
 
 def _resume_state(net: Any) -> tuple[Any, str | None]:
@@ -127,3 +262,4 @@ def _resume_state(net: Any) -> tuple[Any, str | None]:
             continue
         return state, source
     return None, None
+

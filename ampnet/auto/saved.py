@@ -119,7 +119,7 @@ def write_choices(net: Any, state: Any) -> None:
         return
     root = meta.setdefault("", {})
     result = net.__dict__.get("amp_autotune_")
-    if result is not None and is_auto(getattr(net, "amp_enabled", False)):
+    if result is not None and result.source != "measuring" and is_auto(getattr(net, "amp_enabled", False)):
         root[ENABLED_KEY] = dict(result.params)
     prec = net.__dict__.get("precision_")
     layout = getattr(prec, "layout", None)
@@ -172,7 +172,7 @@ def _plan_enabled(net: Any, state: Any, source: str) -> Step | None:
     if saved is None:
         return None
     own = net.__dict__.get("amp_autotune_")
-    if own is not None:
+    if own is not None and own.source != "measuring":
         if own.params == saved:
             return None
         return _warn_only(source, (

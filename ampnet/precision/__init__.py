@@ -20,7 +20,7 @@ from ampnet.precision.checks import grads_by_device_dtype
 from ampnet.precision.component import Precision, build_scaler, module_root
 from ampnet.precision.devices import check_device
 from ampnet.precision.inputs import autocast_dtype_error
-from ampnet.precision.kernels import keep_kernels, kernel_defaults, kernels_differ, user_chose_kernel
+from ampnet.precision.kernels import keep_kernels, kernel_defaults, kernels_differ, set_kernels, user_chose_kernel
 from ampnet.precision.masters import remove_state_hooks
 from ampnet.precision.memory import MemoryReport, measure_memory
 from ampnet.precision.plan import PrecisionLayout, is_inside
@@ -57,6 +57,7 @@ __all__ = [
     "drop_compensation",
     "dtype_name",
     "keep_kernels",
+    "set_kernels",
     "kernel_defaults",
     "kernels_differ",
     "user_chose_kernel",

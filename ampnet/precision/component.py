@@ -100,9 +100,15 @@ class Precision:
     auto_fp32 : tuple of str or None
       The modules that ``'auto'`` in ``amp_fp32_modules`` stands for in the
       next :meth:`plan` (None: those of the current layout, if any).
+
+    float32_step : bool
+      True while ``amp_enabled='auto'`` measures a float32 step of its fit
+      (:mod:`ampnet.auto.trial`): autocast stays off; weights, optimizer
+      state and loss scaling are as for a mixed step.
     """
 
     auto_fp32: tuple[str, ...] | None = None  # also for components pickled before it existed
+    float32_step: bool = False
 
     def __init__(self, settings: PrecisionSettings, scaler: GradScaler) -> None:
         self.settings = settings
@@ -355,7 +361,7 @@ class Precision:
     def forward_context(self) -> contextlib.AbstractContextManager:
         """Autocast for the forward pass and the loss (off for the rest of
         the model when only ``amp_modules`` run in low precision)."""
-        if not self.enabled:
+        if not self.enabled or self.float32_step:
             return contextlib.nullcontext()
         if self.layout is not None and self.layout.scoped:
             return torch.autocast(self.policy.device_type, enabled=False)

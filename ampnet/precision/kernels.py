@@ -51,7 +51,7 @@ from ampnet.dtypes import LOW_PRECISION_DTYPES
 
 __all__ = [
     "FUSED_OPTIMIZERS", "KERNEL_KEYS", "kernel_defaults", "kernels_differ", "fused_works",
-    "keep_kernels", "user_chose_kernel",
+    "keep_kernels", "set_kernels", "user_chose_kernel",
 ]
 
 #: torch.optim classes with a fused kernel on the CPU and CUDA.
@@ -198,3 +198,21 @@ def keep_kernels(optimizer: torch.optim.Optimizer, state: Mapping[str, Any]) -> 
                 group[key] = own[key]
         merged.append(group)
     return {**state, "param_groups": merged}
+
+
+def set_kernels(optimizer: torch.optim.Optimizer, kwargs: Mapping[str, Any]) -> None:
+    """Give ``optimizer`` the kernel that ``kwargs`` (the arguments a
+    rebuild would pass) asks for, in place: its parameter groups' and
+    defaults' ``fused``/``foreach`` (the class's defaults where ``kwargs``
+    has none). torch's optimizers read them at every step, and their state
+    is the same for every kernel."""
+    params = _init_params(type(optimizer))
+    for key in KERNEL_KEYS:
+        if key not in params:
+            continue
+        default = params[key].default if params[key].default is not inspect.Parameter.empty else None
+        value = kwargs.get(key, default)
+        optimizer.defaults[key] = value
+        for group in optimizer.param_groups:
+            group[key] = value
+    optimizer._step_supports_amp_scaling = bool(optimizer.defaults.get("fused"))
