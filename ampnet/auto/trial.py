@@ -19,6 +19,10 @@ from typing import Any, Callable
 
 import torch
 
+from ampnet._tree import iter_tensors
+from ampnet.dtypes import LOW_PRECISION_DTYPES
+from ampnet.precision import dtype_name
+
 __all__ = ["Trial", "decide", "CLEAR", "DRIFT"]
 
 #: A single timed pair decides when its ratio is beyond this factor either way.
@@ -53,6 +57,14 @@ def decide(ratios: list[float], margin: float, pairs: int) -> tuple[int | None, 
     if len(ratios) >= pairs:
         return (1 if median < threshold else 0), said + ", the pairs disagreeing: decided by the median"
     return None, ""
+
+
+def _low_precision_inputs(batch: Any) -> str:
+    """The low-precision dtypes of a batch's inputs ('' where none): a
+    float32 module cannot take them, mixed precision's autocast can."""
+    inputs = batch[0] if isinstance(batch, (tuple, list)) and len(batch) == 2 else batch
+    found = sorted({dtype_name(t.dtype) for t in iter_tensors(inputs) if t.dtype in LOW_PRECISION_DTYPES})
+    return " and ".join(found)
 
 
 class Trial:
@@ -108,6 +120,9 @@ class Trial:
         begins = state.micro_batches == 0
         if begins:
             self._elapsed = 0.0
+            if not self.decided and _low_precision_inputs(batch):
+                self.chosen = 1
+                self.reason = f"the fit has {_low_precision_inputs(batch)} inputs, which float32 cannot take"
             self._current = self.chosen if self.decided else len(self.log) % 2
         timed = not self.decided or self.device.type == "cpu"  # CUDA: no synchronization once decided
         if timed and begins:
