@@ -231,6 +231,8 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
     def train_step(self, batch: Any, **fit_params: Any) -> dict[str, Any]:
         """One micro-batch: see :func:`ampnet.step.train_step` (in the
         candidate of its step while ``amp_enabled='auto'`` measures)."""
+        if self.amp_step_state_.trial is None:
+            return steps.train_step(self, batch, **fit_params)
         return auto.train_step(self, steps.train_step, batch, **fit_params)
 
     def train_step_single(self, batch: Any, **fit_params: Any) -> dict[str, Any]:

@@ -34,6 +34,7 @@ import tempfile
 import time
 from typing import Any, Mapping
 
+import platformdirs
 import torch
 
 __all__ = ["cache_dir", "cache_key", "read_entry", "write_entry", "forget_entry", "MAX_BYTES", "MAX_ENTRIES"]
@@ -53,8 +54,6 @@ def cache_dir() -> str:
     given = os.environ.get("AMPNET_CACHE_DIR")
     if given:
         return given
-    import platformdirs
-
     return platformdirs.user_cache_dir("ampnet", appauthor=False)
 
 
