@@ -520,8 +520,8 @@ def _by_key(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def _auto_md(benchmarks: list[dict[str, Any]], workloads: tuple[str, ...], fit_epochs: int) -> list[str]:
     lines = ["## What amp_enabled='auto' chose", "",
-             f"Each told it runs a {fit_epochs}-epoch fit (`--auto-fit-epochs`), so that its probe's budget "
-             "(`amp_autotune__budget`) lets it measure as on a long fit.", "",
+             f"Each as in a {fit_epochs}-epoch fit (`--auto-fit-epochs`), its cache off, so that it measures "
+             "in its fit's first steps.", "",
              "| Workload | " + " | ".join(CHECK_DTYPES) + " |", "|---|" + "---|" * len(CHECK_DTYPES)]
     cells = {(b["workload"], b["dtype"]): b for b in benchmarks}
     for workload in workloads:
@@ -531,10 +531,10 @@ def _auto_md(benchmarks: list[dict[str, Any]], workloads: tuple[str, ...], fit_e
             auto = _by_key(b["result"]).get("ampnet-auto") if b and b["result"] else None
             choice = auto.get("auto_choice") if auto else None
             if choice:
-                probe = [p for p in choice["probe_s"] if p is not None]
+                probe = [p for p in choice.get("cost_s", choice.get("probe_s")) or [] if p is not None]
                 others = sorted(set(choice["per_round"]) - {choice["chosen"]})
                 row.append(f"{choice['chosen']} ({choice['rounds']}/{len(choice['per_round'])} rounds"
-                           + (f", probe {max(probe):.2f} s" if probe else "") + ")"
+                           + (f", measuring cost {max(probe):.2f} s" if probe else "") + ")"
                            + (f"; other rounds: {', '.join(others)}" if others else ""))
             else:
                 row.append("n/a" if not b else (b["status"] if b["status"] != "ok" else "not run"))

@@ -86,9 +86,10 @@ class Contender:
       the raw loop: its optimizer built so).
 
     auto : bool
-      AmpNet with ``amp_enabled='auto'``: its probe's wall time
-      (``amp_autotune_.probe_s``) is spread over the measured epochs, so the
-      epoch times include it.
+      AmpNet with ``amp_enabled='auto'``, its cache off (it measures in every
+      run, as a first fit on a machine does): what its measuring steps cost
+      beyond the choice (``amp_autotune_.cost_s``) is spread over the
+      measured epochs, so the epoch times include it.
 
     control_of : str or None
       Key of the contender this one repeats exactly (the A/A control).
@@ -192,7 +193,7 @@ class RunOutcome:
 
     auto_choice : dict or None
       ``amp_enabled='auto'`` only: what its probe chose (``chosen``, in
-      words; ``params``, the constructor parameters; ``probe_s``).
+      words; ``params``, the constructor parameters; ``cost_s``).
     """
 
     epoch_times: list[float]
@@ -438,8 +439,8 @@ def _make_net(
     # measures with the benchmark's dtype and otherwise AmpNet's defaults
     amp = dict(amp_dtype=cfg.dtype, amp_level=contender.level,
                amp_master_weights=contender.master_weights) if contender.amp else {}
-    if contender.auto:
-        amp = dict(amp_dtype=cfg.dtype)
+    if contender.auto:  # measures in every run: its cache off
+        amp = dict(amp_dtype=cfg.dtype, amp_autotune__cache=False)
     if contender.monitor:
         from ampnet.callbacks import AmpMonitor
 
@@ -481,8 +482,7 @@ def _state_bytes(module: nn.Module, optimizers: list[torch.optim.Optimizer]) -> 
 def _net_train(
     contender: Contender, wl: Workload, data: Data, cfg: BenchConfig, epochs: int
 ) -> tuple[list[float], float, NeuralNetClassifier]:
-    # 'auto' is told the fit it is measured for (its probe's budget is a share of it), and
-    # stopped after the epochs that are timed
+    # 'auto' runs as in a fit of cfg.auto_fit_epochs epochs, stopped after the epochs that are timed
     fit_epochs = max(epochs, cfg.auto_fit_epochs) if contender.auto else epochs
     clock = EpochClock(cfg.device, stop_after=epochs if fit_epochs > epochs else None)
     net = _make_net(
@@ -638,10 +638,10 @@ def run_contender(
         result = net.amp_autotune_
         auto_choice = {"chosen": str(getattr(result, "chosen", result.params)),
                        "params": {k: _plain(v) for k, v in result.params.items()},
-                       "probe_s": float(result.probe_s)}
+                       "cost_s": float(result.cost_s)}
         if measured:
-            # the probe ran once, before the first epoch: its cost, spread over the measured epochs
-            measured = [t + result.probe_s / len(measured) for t in measured]
+            # it measured in the first (untimed) epoch: that cost, spread over the measured epochs
+            measured = [t + result.cost_s / len(measured) for t in measured]
     return RunOutcome(
         epoch_times=measured,
         final_loss=loss,

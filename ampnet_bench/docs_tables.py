@@ -98,7 +98,7 @@ def _auto_over_10_epochs(workload: dict[str, Any]) -> float | None:
     loops = [by_key.get(k) for k in ("raw-fp32", "raw-amp-fused")]
     if not auto or not auto.get("auto_choice") or not all(loops) or not all(c["available"] for c in [auto, *loops]):
         return None
-    probes = auto["auto_choice"].get("probe_s") or []
+    probes = auto["auto_choice"].get("cost_s", auto["auto_choice"].get("probe_s")) or []
     ratios = []
     for r, (t, probe) in enumerate(zip(auto["round_times_s"], probes)):
         best = [c["round_times_s"][r] for c in loops if r < len(c["round_times_s"]) and c["round_times_s"][r]]

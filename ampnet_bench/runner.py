@@ -276,7 +276,7 @@ def _auto_choice(rec: _Record) -> dict[str, Any] | None:
     top = max(dict.fromkeys(words), key=words.count)
     first = next(c for c in choices if c["chosen"] == top)
     return {"chosen": top, "params": first.get("params"), "rounds": words.count(top),
-            "per_round": words, "probe_s": [c.get("probe_s") for c in choices]}
+            "per_round": words, "cost_s": [c.get("cost_s", c.get("probe_s")) for c in choices]}
 
 
 def _round_time(rec: _Record | None, r: int) -> float | None:

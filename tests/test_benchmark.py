@@ -419,24 +419,24 @@ def test_best_loop_steps_a_fused_optimizer_under_autocast():
     assert plain.defaults["fused"] is None  # the default loop keeps torch's default kernel
 
 
-def test_ampnet_auto_contender_includes_its_probe(monkeypatch):
-    from ampnet.auto import probe
+def test_ampnet_auto_contender_includes_its_measuring_cost(monkeypatch):
+    from ampnet import AmpNetClassifier
     from ampnet_bench import contenders
 
-    real = probe.run_probe
+    real_fit = AmpNetClassifier.fit
     seen = []
 
-    def slow_probe(net, *args, **kwargs):
-        result = real(net, *args, **kwargs)
-        seen.append((net.max_epochs, result.fit_steps))
-        result.probe_s = 100.0  # a probe of 100 s: 50 s in each of the 2 measured epochs
-        return result
+    def fit(self, X, y=None, **kw):
+        net = real_fit(self, X, y, **kw)
+        seen.append((self.max_epochs, self.get_params()["amp_autotune__cache"]))
+        net.amp_autotune_.cost_s = 100.0  # measuring steps that cost 100 s: 50 s in each of the 2 timed epochs
+        return net
 
-    monkeypatch.setattr("ampnet.auto.run_probe", slow_probe)  # the door's name for it
+    monkeypatch.setattr(AmpNetClassifier, "fit", fit)
     cfg, wl, data = _tiny(("ampnet-auto",))
     outcome = contenders.run_contender(_contender("ampnet-auto"), wl, data, cfg)
-    # 'auto' is told the 10-epoch fit its probe's budget is a share of, and stopped after the 1 + 2 timed
-    assert cfg.auto_fit_epochs == 10 and seen == [(10, 10 * wl.n_batches)]
+    # 'auto' fits as for 10 epochs, its cache off, and is stopped after the 1 + 2 timed
+    assert cfg.auto_fit_epochs == 10 and seen == [(10, False)]
     assert len(outcome.epoch_times) == 2 and all(50.0 < t < 60.0 for t in outcome.epoch_times)
     assert math.isfinite(outcome.final_loss)
     assert not [w for w in outcome.warnings if "no effect" in w]
@@ -616,7 +616,7 @@ def test_new_workloads_run_every_contender(tmp_path):
         assert [c["key"] for c in w["contenders"]] == list(CONTENDER_KEYS)
         auto = by_key(w, "ampnet-auto")["auto_choice"]
         assert auto["chosen"] and auto["rounds"] == 1 and auto["per_round"] == [auto["chosen"]]
-        assert auto["probe_s"][0] > 0 and "amp_enabled" in json.dumps(auto["params"])
+        assert auto["cost_s"][0] >= 0 and "amp_enabled" in json.dumps(auto["params"])
         assert f"`amp_enabled='auto'` chose **{auto['chosen']}**" in md
         assert all(c["auto_choice"] is None for c in w["contenders"] if c["key"] != "ampnet-auto")
         entry = summarize(w)
