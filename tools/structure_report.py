@@ -72,13 +72,17 @@ def walks():
     files, built, checks = trace(lambda: net.set_params(grad_scaler__growth_factor=4))
     print(f"set_params(grad_scaler__growth_factor=4), fitted fp16 net: {len(files)} ampnet files entered "
           f"{files}, {built} Precision built, {checks} parameter checks")
-    # the probe's walk: a one-epoch fit is far too short for the default budget, which keeps float32
-    # without measuring; amp_autotune__budget=None measures anyway
-    for budget in (None, 0.03):
-        auto = AmpNetClassifier(MLP, amp_enabled="auto", max_epochs=1, batch_size=64, train_split=None, verbose=0,
-                                amp_autotune__budget=budget)
+    # auto's walks: a fit that measures in its own steps, and the next one, which reads the stored choice
+    # (ampnet 0.4's probe, for comparison with older checkouts: amp_autotune__budget=None made it measure)
+    import tempfile
+
+    os.environ["AMPNET_CACHE_DIR"] = tempfile.mkdtemp()
+    legacy = {"amp_autotune__budget": None} if "amp_autotune__budget" in PARAMS else {}
+    for run in ("measures", "reads the cache"):
+        auto = AmpNetClassifier(MLP, amp_enabled="auto", max_epochs=1, batch_size=16, train_split=None, verbose=0,
+                                **legacy)
         files, built, checks = trace(lambda: auto.fit(X, y))
-        print(f"amp_enabled='auto' fit of a tiny MLP (one epoch, amp_autotune__budget={budget}): {len(files)} "
+        print(f"amp_enabled='auto' fit of a tiny MLP (one epoch of 8 steps, {run}): {len(files)} "
               f"ampnet files entered, {built} Precision built")
 
 
