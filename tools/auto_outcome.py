@@ -81,8 +81,11 @@ def fit_once(workload: str, epochs: int, params: dict[str, Any], quick: bool, th
     -------
     dict
         ``wall_s``, ``precision`` (``net.precision_policy_.name``), ``chosen``, ``params``
-        and ``autotune`` (auto only, else None), ``epochs_run``, ``max_rss_kb``.
+        and ``autotune`` (auto only, else None), ``epoch_s`` (skorch's ``dur`` of each epoch),
+        ``warnings`` (distinct messages), ``max_rss_kb``.
     """
+    import warnings
+
     import torch
 
     from ampnet import AmpNetClassifier
@@ -92,18 +95,21 @@ def fit_once(workload: str, epochs: int, params: dict[str, Any], quick: bool, th
     wl = get_workload(workload, quick=quick)
     data = wl.make_data(0)
     start = time.perf_counter()
-    net = AmpNetClassifier(
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        net = AmpNetClassifier(
         module=wl.build_module(0), criterion=torch.nn.CrossEntropyLoss, optimizer=torch.optim.AdamW,
-        lr=1e-3, batch_size=wl.batch_size, max_epochs=epochs, train_split=None, verbose=0,
-        iterator_train__shuffle=True, iterator_train__generator=torch.Generator().manual_seed(1), **params,
-    )
-    net.fit(data.X, data.y)
+            lr=1e-3, batch_size=wl.batch_size, max_epochs=epochs, train_split=None, verbose=0,
+            iterator_train__shuffle=True, iterator_train__generator=torch.Generator().manual_seed(1), **params,
+        )
+        net.fit(data.X, data.y)
     wall = time.perf_counter() - start
     tune = net.__dict__.get("amp_autotune_")
     tuned = params.get("amp_enabled") == "auto" and tune is not None
     chosen = getattr(tune, "params", None) if tuned else None
     return {
-        "wall_s": wall, "precision": net.precision_policy_.name, "epochs_run": len(net.history),
+        "wall_s": wall, "precision": net.precision_policy_.name, "epoch_s": list(net.history[:, "dur"]),
+        "warnings": list(dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught)),
         "chosen": getattr(tune, "chosen", None) if tuned else None,
         "params": {k: v if isinstance(v, (bool, int, float, str, type(None))) else str(v)
                    for k, v in chosen.items()} if isinstance(chosen, dict) else None,
@@ -218,11 +224,14 @@ def markdown(rows: list[dict[str, Any]], machine: dict[str, Any], threads: int) 
 # ---- the driver -------------------------------------------------------------------------------
 
 
-def spawn(job: dict[str, Any], cache_dir: str, threads: int) -> dict[str, Any]:
-    """Run :func:`fit_once` in a fresh interpreter with ``AMPNET_CACHE_DIR=cache_dir``."""
+def spawn(workload: str, epochs: int, params: dict[str, Any], cache_dir: str,
+          args: argparse.Namespace) -> dict[str, Any]:
+    """Run :func:`fit_once` in a fresh interpreter with ``AMPNET_CACHE_DIR=cache_dir``,
+    ``OMP_NUM_THREADS=args.threads`` and the benchmark's recommended malloc settings."""
     from ampnet_bench.machine import RECOMMENDED_MALLOC_ENV
 
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "AMPNET_CACHE_DIR": cache_dir,
+    job = {"workload": workload, "epochs": epochs, "params": params, "quick": args.quick, "threads": args.threads}
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "AMPNET_CACHE_DIR": cache_dir,
            **dict(item.split("=", 1) for item in RECOMMENDED_MALLOC_ENV.split())}
     proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--one", json.dumps(job)],
                           capture_output=True, text=True, env=env, cwd=str(ROOT))
@@ -242,26 +251,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     base = tempfile.mkdtemp(prefix="auto-outcome-")
     result: dict[str, Any] = {"machine": machine, "config": vars(args), "runs": [], "prefill": {}, "rows": []}
     try:
-        settings = {}
-        for workload, epochs in combos:  # the warm caches, and whether a 'pinned' setting is needed
-            job = {"workload": workload, "epochs": epochs, "quick": args.quick, "threads": args.threads}
+        plan = {}  # per (workload, epochs): its settings ('pinned' where the choice needs it)
+        for workload, epochs in combos:  # the warm caches: one untimed auto fit each
             prefill = os.path.join(base, f"prefill-{workload}-{epochs}")
             os.makedirs(prefill)
-            first = spawn({**job, "params": PARAMS["auto-cold"]}, prefill, args.threads)
+            first = spawn(workload, epochs, PARAMS["auto-cold"], prefill, args)
             result["prefill"][f"{workload}/{epochs}"] = first
-            settings[workload, epochs] = SETTINGS + (("pinned",) if pinned_setting(first) == "pinned" else ())
+            pin = pinned_setting(first) == "pinned" and first["params"]
+            plan[workload, epochs] = SETTINGS + (("pinned",) if pin else ())
         for rnd in range(args.rounds):
             for workload, epochs in combos:
-                order = settings[workload, epochs]
+                order = plan[workload, epochs]
                 for setting in order[rnd % len(order):] + order[: rnd % len(order)]:
-                    cache = tempfile.mkdtemp(dir=base)
+                    cache = tempfile.mkdtemp(dir=base)  # empty: a cold cache
                     if setting == "auto-warm":
                         shutil.copytree(os.path.join(base, f"prefill-{workload}-{epochs}"), cache, dirs_exist_ok=True)
                     params = (result["prefill"][f"{workload}/{epochs}"]["params"] if setting == "pinned"
                               else PARAMS[setting])
-                    job = {"workload": workload, "epochs": epochs, "quick": args.quick, "threads": args.threads,
-                           "params": params}
-                    out = spawn(job, cache, args.threads)
+                    out = spawn(workload, epochs, params, cache, args)
                     shutil.rmtree(cache, ignore_errors=True)
                     result["runs"].append({"workload": workload, "epochs": epochs, "round": rnd,
                                            "setting": setting, **out})
