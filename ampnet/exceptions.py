@@ -10,7 +10,7 @@ from skorch.exceptions import SkorchException
 
 from ampnet.warning_site import recorded_site, user_frame, user_site
 
-__all__ = ["AmpWarning", "AmpDivergenceError", "AmpStateError", "DirectoryLockedError", "amp_warn", "run_quietly"]
+__all__ = ["AmpWarning", "AmpDivergenceError", "AmpStateError", "DirectoryLockedError", "amp_warn"]
 
 T = TypeVar("T")
 
@@ -50,12 +50,6 @@ def amp_warn(message: str, category: type[Warning] = AmpWarning) -> None:
     ``ampnet.warning_site``), else at the caller of this function.
     """
     caller = sys._getframe(1)
-    quiet = run_quietly.__code__
-    outer = caller
-    while outer is not None:  # inside run_quietly in this thread: dropped
-        if outer.f_code is quiet:
-            return
-        outer = outer.f_back
     frame, depth = user_frame(caller)
     if frame is not None:
         warnings.warn(message, category, stacklevel=depth + 2)
@@ -68,15 +62,3 @@ def amp_warn(message: str, category: type[Warning] = AmpWarning) -> None:
     registry = caller.f_globals.setdefault("__warningregistry__", {})
     warnings.warn_explicit(message, category, site.filename, site.lineno,
                            module=site.module, registry=registry)
-
-
-def run_quietly(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """``fn(*args, **kwargs)``, with the :func:`amp_warn` warnings raised
-    inside it, in this thread, dropped (the work of ampnet's own that the
-    user did not ask for: the probes of ``'auto'`` on copies of the net).
-
-    The process's warning filters are left alone, so other threads and
-    other libraries warn as usual; :func:`amp_warn` recognizes this
-    function's frame on its caller's stack.
-    """
-    return fn(*args, **kwargs)

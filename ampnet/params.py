@@ -382,5 +382,5 @@ def markdown_table() -> str:
     for row in _ROWS:
         default = row.default.__name__ if isinstance(row.default, type) else repr(row.default)
         lines.append(f"| `{row.name}` | `{default}` | {', '.join(row.rebuilds)} | "
-                     f"{'yes' if row.auto_input else 'no'} | {row.doc} |")
+                     f"{'yes' if row.auto_input or row.name.startswith('amp_autotune__') else 'no'} | {row.doc} |")
     return "\n".join(lines)
