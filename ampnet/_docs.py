@@ -6,20 +6,17 @@ __all__ = ["AMP_DOC", "amp_doc"]
 
 AMP_DOC = """
     amp_enabled : bool or 'auto' (default=False)
-      Train and predict with automatic mixed precision. ``'auto'``: at the
-      first fit, a short probe on the first training batch times float32
-      and the AMP settings that can pay off (mixed and pure precision,
-      channels_last for convolutional models) on copies of the module and
-      optimizer, and the net trains with the fastest healthy one; AMP only
-      when it beats float32 by more than 5%. The probe is budgeted at 3%
-      of the fit's float32 training time (``amp_autotune__budget``): a fit
-      of fewer than about 310 training steps keeps float32 without
-      measuring. The choice and the table are
-      the fitted attribute ``amp_autotune_`` (``AmpNet(**net.amp_autotune_.params)``
-      trains bitwise the same); other AMP settings narrow the candidates;
-      the probe's cost and settings (``amp_autotune__steps``, ``__warmup``,
-      ``__margin``, ``__budget``, ``__min_cosine``) are in
-      ``ampnet.auto``. With False the net
+      Train and predict with automatic mixed precision. ``'auto'``: the
+      fit's first steps alternate between float32 and mixed precision
+      (every step a real, kept training step; nothing is copied), and the
+      rest of the fit trains in the faster one (mixed precision only when
+      it beats float32 by more than 5%). The choice is stored per machine
+      and model (``AMPNET_CACHE_DIR``, else the user's cache folder;
+      ``amp_autotune__cache=False`` turns it off), so later fits start
+      with it. The record is the fitted attribute ``amp_autotune_``
+      (``AmpNet(**net.amp_autotune_.params)`` pins the choice); the
+      settings (``amp_autotune__steps``, ``__warmup``, ``__margin``,
+      ``__cache``, ``__timer``) are described in ``ampnet.auto``. With False the net
       trains as the skorch net it replaces, bitwise, except that a step
       with non-finite gradients is skipped (see ``amp_skip_nonfinite``).
       With AMP on, a ``torch.optim`` optimizer whose kernel is not set
