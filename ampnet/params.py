@@ -18,6 +18,7 @@ String choices follow one rule: case and surrounding spaces do not matter
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from numbers import Integral, Real
 from types import MappingProxyType
@@ -146,6 +147,17 @@ def _number_in(name: str, low: float, high: float, high_open: bool, fix: str) ->
     return check
 
 
+def _cache(value: Any) -> Any:
+    if isinstance(value, (str, os.PathLike)) and not is_bool(value) and str(os.fspath(value)).strip():
+        return os.fspath(value)
+    try:
+        return _bool("amp_autotune__cache", "")(value)
+    except ValueError:
+        raise _refuse("amp_autotune__cache", value, "True, False or a folder",
+                      "amp_autotune__cache=True (the cache folder: AMPNET_CACHE_DIR, else the user's cache "
+                      "folder), a folder of your own (a str or a path), or False (nothing read or written).") from None
+
+
 def _timer(value: Any) -> Any:
     if value is None or callable(value):
         return value
@@ -267,10 +279,8 @@ _ROWS += [
     _row("amp_autotune__margin", 0.05,
          _number_in("amp_autotune__margin", 0.0, 1.0, True, "leave it at 0.05, or pass a number in [0, 1)."),
          (NOTHING,), doc="'auto': how much faster than float32 mixed precision must be"),
-    _row("amp_autotune__cache", True,
-         _bool("amp_autotune__cache", "amp_autotune__cache=True (remember the choice per machine and model) "
-               "or False (nothing read or written)."),
-         (NOTHING,), doc="'auto': read and store the choice in the cache folder (AMPNET_CACHE_DIR)"),
+    _row("amp_autotune__cache", True, _cache,
+         (NOTHING,), doc="'auto': True (the cache folder: AMPNET_CACHE_DIR, else the user's), a folder, or False"),
     _row("amp_autotune__timer", None, _timer, (NOTHING,),
          doc="'auto': None (the wall clock) or timer(params, seconds) -> seconds counted for a step"),
 ]

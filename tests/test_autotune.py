@@ -316,16 +316,26 @@ def test_a_stored_choice_another_net_cannot_use_is_ignored(data, native_bf16, au
     assert net.amp_autotune_.source == "measured"
 
 
-def test_grid_search_with_two_processes_sharing_the_cache(data, auto_cache_dir):
+def test_grid_search_with_two_processes_sharing_the_cache(data, tmp_path):
     X, y = data
-    search = GridSearchCV(AmpNetClassifier(**kw(max_epochs=1, batch_size=8)), {"lr": [0.01, 0.05]}, cv=2,
-                          n_jobs=2)
+    folder = tmp_path / "shared"  # a folder of the net's own: worker processes outlive a test's environment
+    search = GridSearchCV(AmpNetClassifier(**kw(max_epochs=2, batch_size=8, amp_autotune__cache=str(folder))),
+                          {"lr": [0.01, 0.05]}, cv=2, n_jobs=2)
     search.fit(X, y)
     choice = search.best_estimator_.amp_autotune_
-    assert choice.params in (BF16_MIXED, FLOAT32)
+    assert choice.params in (BF16_MIXED, FLOAT32) and choice.source in ("measured", "cache", "device")
     assert search.best_estimator_.get_params()["amp_enabled"] == "auto"
-    assert len(list(auto_cache_dir.glob("auto-*.json"))) <= 1
-    assert not list(auto_cache_dir.glob(".tmp-*"))  # no half-written entry left
+    assert np.isfinite(search.best_score_)
+    entries = list(folder.glob("auto-*.json"))
+    assert len(entries) == (0 if choice.source == "device" else 1)  # one key: one entry, whole
+    assert not list(folder.glob(".tmp-*"))  # no half-written entry left
+
+
+def test_the_cache_setting_takes_a_folder(data, native_bf16, tmp_path):
+    fit(data, amp_autotune__timer=Timer(), amp_autotune__cache=tmp_path / "mine")
+    assert len(list((tmp_path / "mine").glob("auto-*.json"))) == 1
+    with pytest.raises(ValueError, match=r"amp_autotune__cache must be True, False or a folder; got 3"):
+        AmpNetClassifier(**kw(amp_autotune__cache=3)).initialize()
 
 
 # ---- kept in the net ----------------------------------------------------------------------

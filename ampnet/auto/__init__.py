@@ -94,14 +94,15 @@ def _resolve_enabled(net: Any, X: Any, y: Any, saved: Any, source: str | None, e
     if not_worth:
         return _apply(net, AutotuneResult(candidates[0], source="device", device=str(device),
                                           table=table_of(candidates, None, not_worth), note=not_worth))
-    key = cache.cache_key(net, candidates) if settings["cache"] else None
-    stored = _stored(net, key, candidates)
+    key = cache.cache_key(net, candidates) if settings["cache"] is not False else None
+    folder = cache.cache_dir() if settings["cache"] is True else settings["cache"]
+    stored = _stored(net, key, candidates, folder)
     if stored is not None:
         index, entry, where = stored
         _apply(net, AutotuneResult(candidates[index], source="cache", device=str(device), cache=where,
                                    table=table_of(candidates, None)))
         net.amp_step_state_.trial = _trial(net, candidates, settings, device, chosen=index, predicted=entry["step_s"],
-                                           key=key)
+                                           key=key, folder=folder)
         return None
     steps = _fit_steps(net, X, y, epochs, **fit_params)
     needed = 2 * (settings["warmup"] + 1)
@@ -114,15 +115,15 @@ def _resolve_enabled(net: Any, X: Any, y: Any, saved: Any, source: str | None, e
     # measure: the fit starts in mixed precision, and its float32 steps pause autocast
     _apply(net, AutotuneResult(candidates[1], source="measuring", device=str(device),
                                table=table_of(candidates, None)))
-    net.amp_step_state_.trial = _trial(net, candidates, settings, device, key=key)
+    net.amp_step_state_.trial = _trial(net, candidates, settings, device, key=key, folder=folder)
     return None
 
 
 def _trial(net: Any, candidates: list, settings: dict, device: torch.device, chosen: int | None = None,
-           predicted: float | None = None, key: dict | None = None) -> Trial:
+           predicted: float | None = None, key: dict | None = None, folder: str | None = None) -> Trial:
     trial = Trial(candidates, settings["margin"], settings["steps"], settings["warmup"], device,
                   settings["timer"], chosen=chosen, predicted_s=predicted)
-    trial.key = key
+    trial.key, trial.folder = key, folder
     return trial
 
 
@@ -137,17 +138,17 @@ def _apply(net: Any, result: AutotuneResult) -> None:
         print(result, flush=True)
 
 
-def _stored(net: Any, key: dict | None, candidates: list) -> tuple[int, dict, str] | None:
+def _stored(net: Any, key: dict | None, candidates: list, folder: str) -> tuple[int, dict, str] | None:
     """The stored choice for ``key`` as (its candidate's index, the entry,
     where it was read), where it is one of ``candidates`` and the net can
     use it; a malformed entry warns once."""
     if key is None:
         return None
-    entry, problem = cache.read_entry(key)
+    entry, problem = cache.read_entry(key, folder)
     if problem is None and entry is not None:
         params = entry["params"]
         if params not in candidates:
-            problem = f"{cache.cache_dir()}: its choice {params!r} is not one of this net's candidates"
+            problem = f"{folder}: its choice {params!r} is not one of this net's candidates"
         else:
             problem = reconfigure.choice_problem(net, params)
     if problem:
@@ -156,7 +157,7 @@ def _stored(net: Any, key: dict | None, candidates: list) -> tuple[int, dict, st
         return None
     if entry is None:
         return None
-    return candidates.index(entry["params"]), entry, f"read from {cache.cache_dir()}"
+    return candidates.index(entry["params"]), entry, f"read from {folder}"
 
 
 def _fit_steps(net: Any, X: Any, y: Any, epochs: int | None, **fit_params: Any) -> int | None:
@@ -215,9 +216,9 @@ def _settle(net: Any, trial: Trial) -> None:
         net.__dict__["amp_autotune_"] = result
     rank = torch.distributed.get_rank() if net.parallel_.world_size > 1 else 0
     if trial.key is not None and rank == 0 and trial.step_s(chosen):
-        problem = cache.write_entry(trial.key, result.params, trial.step_s(chosen))
+        problem = cache.write_entry(trial.key, result.params, trial.step_s(chosen), trial.folder)
         result.cache = f"not stored: {problem}" if problem else (
-            f"stored in {cache.cache_dir()}: the next fit of this model on this machine starts with it")
+            f"stored in {trial.folder}: the next fit of this model on this machine starts with it")
     if net.verbose:
         print(result, flush=True)
 
@@ -232,7 +233,7 @@ def end_epoch(net: Any) -> None:
     if finding:
         result.check = finding + "; the stored choice is dropped, and the next fit measures again"
         if trial.key is not None:
-            cache.forget_entry(trial.key)
+            cache.forget_entry(trial.key, trial.folder)
 
 
 def end_fit(net: Any) -> None:

@@ -97,6 +97,7 @@ class Trial:
         self.log: list[int] = []  # the candidate of each measured step, in order
         self.seconds: list[tuple[int, float]] = []  # (candidate, seconds) of each measured step
         self.key: dict[str, Any] | None = None  # the cache key of the choice (None: no cache)
+        self.folder: str | None = None  # the cache folder
         self.unhealthy = False  # a mixed step's forward pass went non-finite where float32's did not
         self.chosen, self.reason = chosen, ""
         self.predicted_s = predicted_s
