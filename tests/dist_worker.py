@@ -3,7 +3,10 @@
 usage: dist_worker.py RANK WORLD PORT OUTDIR BATCH ACCUM [PRECISION [INIT_PARAMS]]
 WORLD=1 runs without a process group (the single-process reference).
 PRECISION: fp16 (default; with loss scaling), bf16, pure (bf16 weights with
-fp32 masters), compensated (bf16 weights with bf16 compensation) or off. INIT_PARAMS: a params file to load before training.
+fp32 masters), compensated (bf16 weights with bf16 compensation), off, or auto
+(amp_enabled='auto' measuring in its steps, with a timer that makes mixed
+precision faster on rank 0 and slower on every other rank). INIT_PARAMS: a
+params file to load before training.
 """
 
 import sys
@@ -30,7 +33,13 @@ AMP = {
     "compensated": dict(amp_enabled=True, amp_dtype="bfloat16", amp_level="pure",
                         amp_master_weights="compensated"),
     "off": dict(amp_enabled=False),
+    "auto": dict(amp_enabled="auto", amp_autotune__cache=False, amp_autotune__warmup=0,
+                 amp_autotune__timer=lambda params, s: (0.5 if rank == 0 else 2.0) if params["amp_enabled"] else 1.0),
 }[precision]
+if precision == "auto":  # it measures bfloat16 on any CPU (tests/conftest.py's native_bf16, in this process)
+    import ampnet.auto.enabled
+
+    ampnet.auto.enabled.cpu_has_native_bf16 = lambda: True
 
 
 class Poisoned(torch.nn.Module):
@@ -98,6 +107,7 @@ torch.save(
         "start_params": start_params,
         "ddp": net.parallel_.ddp is not None,
         "param_dtypes": sorted({str(p.dtype) for p in net.module_.parameters()}),
+        "auto": net.amp_autotune_.params if precision == "auto" else None,
         "compensation": {
             n: net.optimizer_.state[p]["ampnet_compensation"].clone()
             for n, p in net.module_.named_parameters()

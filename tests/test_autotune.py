@@ -228,6 +228,21 @@ def test_the_choice_is_checked_against_the_fits_epochs(data, native_bf16, auto_c
     assert again.calls[:4] == ["float32 (AMP off)", "bfloat16 mixed"] * 2
 
 
+def test_a_choice_slower_than_the_other_settings_measurement_is_dropped(data, native_bf16, auto_cache_dir):
+    class Turning(Timer):  # mixed 10% faster while measured (6 steps), then 10% slower than float32 was;
+        # epoch 2 holds 2 steps of the choice, too few to judge, epoch 3 four
+        def __call__(self, params, seconds):
+            value = super().__call__(params, seconds)
+            return 1.1 if len(self.calls) > 6 else value
+
+    net = fit(data, max_epochs=3, amp_autotune__timer=Turning(mixed=0.9))
+    result = net.amp_autotune_
+    assert result.params == BF16_MIXED and result.steps_run == ["float32 (AMP off)", "bfloat16 mixed"] * 3
+    assert result.check.startswith("epoch 3: its steps took 1100.0 ms, slower than the 1000.0 ms measured for "
+                                   "float32")
+    assert list(auto_cache_dir.iterdir()) == []
+
+
 # ---- remembered ---------------------------------------------------------------------------
 
 

@@ -50,13 +50,13 @@ def test_demo_prints_progress_and_table(tmp_path):
         assert lines[start + 3].startswith("Steps 1-") and " ran in: float32, bfloat16 mixed" in lines[start + 3]
     else:  # bfloat16 emulated: nothing measured, float32, and why
         assert head.endswith("float32 (AMP off) (decided from the device, without a training step)")
-    chosen = head.split(": ", 1)[1]
+    chosen = head.split(": ", 1)[1].split(" (")[0]
     verdict = next(line for line in lines if line.startswith(("AMP does not pay off", "AMP pays off")))
     if chosen.startswith("float32"):
         assert verdict.startswith("AMP does not pay off for this model on this machine")
         assert rows["amp_enabled='auto'"].split()[1] == "float32"
     else:
-        assert verdict.startswith(f"AMP pays off on this machine: {chosen} ran ")
+        assert verdict.startswith(f"AMP pays off on this machine: {chosen} took ")
     assert any(line.startswith("Pin the choice with AmpNetClassifier(..., **net.amp_autotune_.params)")
                for line in lines)
 

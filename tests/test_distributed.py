@@ -128,6 +128,17 @@ def test_other_precisions_match_one_process(tmp_path, precision):
 
 
 @pytest.mark.slow
+def test_auto_trains_every_rank_with_rank_0s_choice(tmp_path):
+    """Rank 0's timer finds mixed precision 2x faster, rank 1's 2x slower: both ranks train with rank 0's
+    choice, step for step identical."""
+    (r0, r1), _ = launch(tmp_path, world=2, batch=4, accum=1, precision="auto")
+    assert r0["auto"] == r1["auto"] and r0["auto"]["amp_enabled"] is True
+    for key, value in r0["params"].items():
+        assert torch.equal(value, r1["params"][key])
+    assert repr(r0["history"]) == repr(r1["history"])
+
+
+@pytest.mark.slow
 def test_single_process_checkpoint_loads_into_a_distributed_run(runs, tmp_path):
     single_params = runs["dir"] / "fp16_params_world1.pt"
     saved = torch.load(single_params, weights_only=True)

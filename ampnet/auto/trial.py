@@ -193,8 +193,11 @@ class Trial:
         ratios = self.ratios()
         noise = (max(ratios) - min(ratios)) / statistics.median(ratios) if len(ratios) > 1 else 0.0
         now = statistics.median(watched)
+        other = self.step_s(1 - self.chosen) if self.decided and len(self.candidates) > 1 else None
         if now > predicted * (1 + max(DRIFT, 2 * noise)):
             self.drift = (f"epoch {epoch}: its steps took {now * 1e3:.1f} ms, {now / predicted:.2f}x the "
                           f"{predicted * 1e3:.1f} ms measured")
-            return self.drift
-        return None
+        elif other and now > other * (1 + self.margin):
+            self.drift = (f"epoch {epoch}: its steps took {now * 1e3:.1f} ms, slower than the "
+                          f"{other * 1e3:.1f} ms measured for {'float32' if self.chosen else 'mixed precision'}")
+        return self.drift
