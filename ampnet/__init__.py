@@ -11,7 +11,7 @@ from ampnet.precision import GradScaler
 from ampnet.plotting import plot_precision
 
 #: The package version; pyproject.toml reads it from here.
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 __all__ = [
     "AmpNet",
