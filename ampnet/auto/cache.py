@@ -162,9 +162,9 @@ def _refuse_constant(name: str) -> Any:
 
 
 def write_entry(key: Mapping[str, Any], params: Mapping[str, Any], step_s: float,
-                folder: str | None = None) -> str | None:
+                folder: str | None = None, keep: int = MAX_ENTRIES) -> str | None:
     """Store ``params`` (and its median step ``step_s``) for ``key``,
-    atomically; then keep at most :data:`MAX_ENTRIES` entries. Returns why
+    atomically; then keep at most ``keep`` entries, the newest. Returns why
     it could not be written (None when it was)."""
     folder = folder or cache_dir()
     entry = {"version": _VERSION, "key": key, "params": dict(params), "step_s": float(step_s),
@@ -182,7 +182,7 @@ def write_entry(key: Mapping[str, Any], params: Mapping[str, Any], step_s: float
             raise
     except OSError as exc:
         return f"{folder}: {exc}"
-    _bound(folder)
+    _bound(folder, keep)
     return None
 
 
@@ -198,12 +198,12 @@ def _remove(path: str) -> None:
         pass
 
 
-def _bound(folder: str) -> None:
+def _bound(folder: str, keep: int) -> None:
     try:
         with os.scandir(folder) as it:
             entries = [(e.stat(follow_symlinks=False).st_mtime, e.path) for e in it
                        if e.name.startswith(_PREFIX) and e.name.endswith(".json")]
     except OSError:
         return
-    for _, path in sorted(entries)[:max(len(entries) - MAX_ENTRIES, 0)]:
+    for _, path in sorted(entries)[:max(len(entries) - keep, 0)]:
         _remove(path)

@@ -31,6 +31,9 @@ CLEAR = 1.6
 #: How much slower than measured the chosen setting's epoch may run before the record says so.
 DRIFT = 0.25
 
+#: Steps shorter than this are not judged by the watch: their time is Python's overhead and its noise.
+JUDGED_S = 0.002
+
 
 def decide(ratios: list[float], margin: float, pairs: int) -> tuple[int | None, str]:
     """The choice after the timed pairs' ``ratios`` (mixed step time over
@@ -188,7 +191,7 @@ class Trial:
         :data:`DRIFT` (and the noise of the pairs), else None."""
         watched, self.watched = self.watched, []
         predicted = self.predicted_s or (self.step_s(self.chosen) if self.decided else None)
-        if not watched or not predicted or len(watched) < 3:
+        if not watched or not predicted or len(watched) < 3 or predicted < JUDGED_S:
             return None
         ratios = self.ratios()
         noise = (max(ratios) - min(ratios)) / statistics.median(ratios) if len(ratios) > 1 else 0.0
