@@ -92,10 +92,11 @@ def test_dry_run_writes_one_report_with_every_section(tmp_path):
     assert [row[0] for row in syncs] == [label for label, _, _ in SYNC_SETTINGS]
     assert all(row[1] == row[2] == "n/a on CPU" for row in syncs)
     # auto's choice on each workload and dtype
-    assert any("Each told it runs a 1000-epoch fit" in line for line in _section(text, "What amp_enabled='auto' chose"))
+    assert any("Each as in a 1000-epoch fit" in line and "its cache off" in line
+               for line in _section(text, "What amp_enabled='auto' chose"))
     auto = _table(_section(text, "What amp_enabled='auto' chose"), "mlp")[0]
     for cell in auto[1:]:
-        assert re.search(r"^\S.* \([12]/2 rounds, probe [\d.]+ s\)(; other rounds: .+)?$", cell), cell
+        assert re.search(r"^\S.* \([12]/2 rounds, measuring cost [\d.]+ s\)(; other rounds: .+)?$", cell), cell
     # the benchmark's figures: a time per batch for each contender, in each dtype
     bench = _section(text, "Benchmark")
     for dtype in CHECK_DTYPES:
