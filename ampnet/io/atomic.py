@@ -44,7 +44,8 @@ from ampnet.io.kinds import JOURNAL_MAX_BYTES
 from ampnet.io.lock import DirectoryLock, DirectoryLockedError, directory_locks
 from ampnet.io.numbers import check_values
 from ampnet.io.reading import read_untrusted
-from ampnet.validation import MAX_DEPTH, describe, nesting_depth
+from ampnet.io.structure import brief as describe
+from ampnet.validation import MAX_DEPTH, nesting_depth
 
 __all__ = [
     "atomic_write_group", "recover", "is_path", "read_json", "write_key", "TEMP_SUFFIX",
@@ -103,7 +104,7 @@ def read_json(target: Any, source: str, what: str, max_bytes: int) -> Any:
             f"{source} is not {what}: its lists and dicts are nested more than "
             f"{MAX_DEPTH} levels deep, which ampnet never writes."
         )
-    return check_values(data, source)
+    return check_values(data, source, len(raw))
 
 
 #: What to do about a write error, by errno.

@@ -24,6 +24,7 @@ allocate more) and hides the file descriptor from torch.
 
 from __future__ import annotations
 
+import _compat_pickle
 import io
 import pickle
 import struct
@@ -32,7 +33,10 @@ from typing import Any, BinaryIO
 
 import torch
 
-from ampnet.validation import describe, is_int
+from ampnet.io.pickle_calls import call_problem
+from ampnet.io.structure import brief as describe
+from ampnet.io.structure import check_structure
+from ampnet.validation import is_int
 
 __all__ = ["LEGACY_MAGIC", "is_torch_legacy", "check_torch_legacy", "BoundedReader"]
 
@@ -140,20 +144,40 @@ class _Placeholder:
         pass
 
 
+class _StorageRef(_Placeholder):
+    """What a persistent id becomes: a placeholder that keeps the id."""
+
+    def __init__(self, pid: Any) -> None:
+        self.pid = pid
+
+
 class _SkeletonUnpickler(pickle._Unpickler):  # the pure-Python one: reads go through the file's read
     """Unpickles the structure of a pickle only: globals are placeholder
-    classes that record their name, persistent ids are recorded."""
+    classes that record their name and every call of them (with its
+    arguments), persistent ids are recorded."""
 
     def __init__(self, file: BoundedReader) -> None:
         super().__init__(file, encoding="latin1")
         self.persistent_ids: list[Any] = []
+        self.calls: list[tuple[str, tuple]] = []
 
     def find_class(self, module: str, name: str) -> type:
-        return type(name, (_Placeholder,), {"module": module, "name": name})
+        if self.proto < 3 and self.fix_imports:  # Python 2 names, as pickle maps them
+            if (module, name) in _compat_pickle.NAME_MAPPING:
+                module, name = _compat_pickle.NAME_MAPPING[(module, name)]
+            elif module in _compat_pickle.IMPORT_MAPPING:
+                module = _compat_pickle.IMPORT_MAPPING[module]
+        calls = self.calls
+
+        def record(cls: type, *args: Any, **kwargs: Any) -> _Placeholder:
+            calls.append((f"{module}.{name}", args))
+            return object.__new__(cls)
+
+        return type(name, (_Placeholder,), {"module": module, "name": name, "__new__": record})
 
     def persistent_load(self, pid: Any) -> Any:
         self.persistent_ids.append(pid)
-        return _Placeholder()
+        return _StorageRef(pid)
 
 
 def is_torch_legacy(f: BinaryIO) -> bool:
@@ -184,16 +208,48 @@ def _storage_size(pid: Any, source: str) -> tuple[Any, int, int] | None:
     if len(pid) != 6:
         raise _refuse(source, f"a storage id holds {len(pid)} fields, not 6")
     _, storage_type, key, _location, numel, _view = pid
-    module, name = getattr(storage_type, "module", None), getattr(storage_type, "name", None)
-    dtype = _STORAGE_DTYPES.get(name) if module in _STORAGE_MODULES else None
+    dtype = _dtype_of(storage_type)
     if dtype is None:
-        raise _refuse(source, f"storage {key!r} has the unknown type {module}.{name}")
+        module, name = getattr(storage_type, "module", None), getattr(storage_type, "name", None)
+        raise _refuse(source, f"storage {describe(key)} has the unknown type {module}.{name}")
     if not (isinstance(key, (str, bytes, int)) and is_int(numel) and numel >= 0):
         raise _refuse(
             source, f"storage {describe(key)} declares {describe(numel)} elements (an int >= 0 is "
             "needed)"
         )
     return key, numel, numel * dtype.itemsize
+
+
+def _dtype_of(ref: Any) -> torch.dtype | None:
+    """The dtype of a storage type's placeholder (or of a storage's, or of a
+    dtype's global); None when unknown."""
+    if isinstance(ref, _StorageRef):
+        pid = ref.pid
+        ref = pid[1] if isinstance(pid, tuple) and len(pid) == 6 else None
+    module, name = getattr(ref, "module", None), getattr(ref, "name", None)
+    if module in _STORAGE_MODULES and name in _STORAGE_DTYPES:
+        return _STORAGE_DTYPES[name]
+    found = getattr(torch, name, None) if module == "torch" and isinstance(name, str) else None
+    return found if isinstance(found, torch.dtype) else None
+
+
+def _storage_bytes(ref: Any) -> int | None:
+    """The bytes a storage placeholder holds: its declared element count,
+    or its view's (a legacy storage view: key, offset, size), checked
+    within it; None for anything else."""
+    if not isinstance(ref, _StorageRef):
+        return None
+    pid = ref.pid
+    dtype = _dtype_of(ref)
+    if not (isinstance(pid, tuple) and len(pid) == 6 and dtype is not None and is_int(pid[4])):
+        return None
+    numel, view = pid[4], pid[5]
+    if view is None:
+        return numel * dtype.itemsize
+    if not (isinstance(view, tuple) and len(view) == 3 and is_int(view[1]) and is_int(view[2])):
+        return None
+    _, offset, size = view
+    return size * dtype.itemsize if 0 <= offset and 0 <= size and offset + size <= numel else None
 
 
 def check_torch_legacy(f: BinaryIO, size: int, source: str) -> BoundedReader:
@@ -229,15 +285,22 @@ def check_torch_legacy(f: BinaryIO, size: int, source: str) -> BoundedReader:
     try:
         pickles = []
         persistent_ids: list[Any] = []
+        calls: list[tuple[str, tuple]] = []
         for _ in range(5):  # magic, protocol, system info, the object, the keys
             unpickler = _SkeletonUnpickler(reader)
             pickles.append(unpickler.load())
             persistent_ids += unpickler.persistent_ids
+            calls += unpickler.calls
         data_start = reader.tell()
     except Exception as exc:  # whatever a damaged pickle makes the unpickler raise
         raise _refuse(source, f"its pickles are damaged ({type(exc).__name__}: {exc})") from exc
     finally:
         reader.seek(0)
+    # before anything walks them: no list inside itself, no more entries than bytes
+    parts = (("system information", pickles[2]), ("object", pickles[3]), ("storage key list", pickles[4]),
+             ("storage ids", persistent_ids), ("call arguments", [args for _, args in calls]))
+    for part, value in parts:
+        check_structure(value, f"{source} (legacy format, its {part})", size)
     if pickles[1] != _PROTOCOL_VERSION:
         raise _refuse(source, f"protocol version {describe(pickles[1])}, not {_PROTOCOL_VERSION}")
     keys = pickles[4]
@@ -253,6 +316,10 @@ def check_torch_legacy(f: BinaryIO, size: int, source: str) -> BoundedReader:
             source, f"the key list {describe(keys)} does not list each of the "
             f"{len(declared)} storages that the object uses exactly once"
         )
+    for name, args in calls:
+        problem = call_problem(name, args, _storage_bytes, _dtype_of)
+        if problem:
+            raise _refuse(source, problem)
     position = data_start
     for key in keys:
         numel, nbytes = declared[key]

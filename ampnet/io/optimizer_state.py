@@ -13,10 +13,10 @@ from typing import Any
 import torch
 
 from ampnet.io.numbers import finite_number
+from ampnet.io.structure import brief as describe
 from ampnet.validation import (
     MAX_DEPTH,
     all_finite,
-    describe,
     is_bool,
     is_int,
     is_number,
