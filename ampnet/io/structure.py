@@ -35,11 +35,15 @@ MIN_ENTRIES = 1 << 16
 _CONTAINERS = (list, tuple, set, frozenset, Mapping)
 
 
-def _children(item: Any) -> list[tuple[str, Any]]:
-    """The entries of a container, with their path steps (a dict's own
-    attributes, such as a ``state_dict``'s ``_metadata``, included)."""
+def _children(item: Any, top: bool = False) -> list[tuple[str, Any]]:
+    """The entries of a container, with their path steps (a top-level str
+    key as it is, deeper ones indexed; a dict's own attributes, such as a
+    ``state_dict``'s ``_metadata``, included)."""
     if isinstance(item, Mapping):
-        children = [(f"[{brief(key, 40, typed=False)}]", child) for key, child in item.items()]
+        children = [
+            (key if top and isinstance(key, str) else f"[{brief(key, 40, typed=False)}]", child)
+            for key, child in item.items()
+        ]
         extra = getattr(item, "__dict__", None)
         if isinstance(extra, dict):
             children += [(f".{name}", child) for name, child in extra.items()]
@@ -76,7 +80,7 @@ def structure_problem(data: Any, max_entries: int) -> tuple[str, str] | None:
         if id(item) in open_ids:
             return path
         open_ids.add(id(item))
-        stack.append([item, path, _children(item), 0, 1])
+        stack.append([item, path, _children(item, item is data), 0, 1])
         return None
 
     if not isinstance(data, _CONTAINERS):
@@ -119,7 +123,7 @@ def _largest_field(data: Any, counts: dict[int, int], max_entries: int) -> str:
     """The deepest field whose entries alone exceed ``max_entries``."""
     path, item = "", data
     while True:
-        for step, child in _children(item):
+        for step, child in _children(item, item is data):
             if isinstance(child, _CONTAINERS) and counts.get(id(child), 0) > max_entries:
                 path, item = path + step, child
                 break
