@@ -31,8 +31,12 @@ go ahead under it. skorch does not call ``on_train_end`` when ``fit``
 raises: the lock of a fit that raised stays until the next fit of the same
 process takes it over, or the process ends (then it is stale, as above).
 
-Loads do not take the lock (a load only reads, and completes a committed
-save's renames, which is safe alongside its writer).
+A load reads without the lock; it takes the lock only to complete a save
+that a killed writer left pending (a journal, :func:`ampnet.io.atomic.recover`),
+so that no file of a folder is renamed by a process that does not hold its
+lock. While another writer holds the lock, a load waits up to
+:data:`ampnet.io.atomic.RECOVER_WAIT_S` seconds for it to complete its own
+journal, then raises :class:`DirectoryLockedError`.
 """
 
 from __future__ import annotations
