@@ -177,6 +177,21 @@ def _name(value: Any) -> str:
     return name
 
 
+#: A structure of at most this many entries (every place counted) is shown
+#: by its own ``repr``.
+_SMALL = 64
+
+
+class _Repr:
+    """Shows ``value`` by its own ``repr`` (in :func:`_text`)."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
 def _text(value: Any, room: int) -> str:
     """A ``repr`` of ``value`` cut to about ``room`` characters, built from
     as many entries as fit (never the whole of a large structure)."""
@@ -185,6 +200,8 @@ def _text(value: Any, room: int) -> str:
     if isinstance(value, (str, bytes, bytearray)):
         return repr(value[:room])[: room + 1]
     if isinstance(value, _CONTAINERS):
+        if structure_problem(value, _SMALL) is None:  # its own repr, which is short
+            return _text(_Repr(value), room)
         if isinstance(value, Mapping):
             ends = ("{", "}")
         elif isinstance(value, list):
