@@ -77,7 +77,7 @@ def test_a_shared_structure_in_the_optimizer_file_is_refused_within_a_second(fit
     state[top][index][key] = laughs()
     torch.save(state, saved["f_optimizer"])
     net = tiny_net(max_epochs=1).initialize()
-    info = refused_quickly(net, "f_optimizer", saved["f_optimizer"], "more than 2\\*\\*6[01] entries")
+    info = refused_quickly(net, "f_optimizer", saved["f_optimizer"], "entries or more when each place")
     assert f"field {top}[{index}]['{key}']" in str(info.value)
 
 
@@ -95,7 +95,7 @@ def test_a_shared_structure_in_any_torch_file_is_refused_within_a_second(fitted,
     state["junk"] = laughs()
     torch.save(state, saved[key])
     net = tiny_net(max_epochs=1).initialize()
-    refused_quickly(net, key, saved[key], r"field junk\[0\]", "2\\*\\*6[01]")
+    refused_quickly(net, key, saved[key], r"field junk\[0\]", "entries or more when each place")
 
 
 def test_shared_settings_of_several_groups_still_load(tmp_path):
@@ -157,7 +157,7 @@ def test_the_limit_is_one_entry_per_byte_of_the_file():
 
     assert structure_problem(laughs(depth=14), MIN_ENTRIES) is None  # 3 * 2**14 - 1 places
     field, problem = structure_problem(laughs(depth=15), MIN_ENTRIES)
-    assert field == "" and "98303 entries" in problem and f"the {MIN_ENTRIES}" in problem
+    assert field == "" and "98303 entries or more" in problem and f"the {MIN_ENTRIES}" in problem
     # a shared tuple counts in each place, and that is all
     shared = (0.9, 0.999)
     assert structure_problem([{"betas": shared} for _ in range(100)], 401) is None

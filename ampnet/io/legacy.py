@@ -12,8 +12,8 @@ A legacy file is a row of pickles followed by the raw bytes of each storage::
 while it unpickles the object, before it reads any storage bytes, so a file
 of a few hundred bytes could make it allocate terabytes.
 :func:`check_torch_legacy` reads the same structure first without building
-anything (every global the pickles name becomes an inert placeholder, so no
-code runs and no tensor is allocated): each storage the object uses must be
+anything (:mod:`ampnet.io.skeleton`: every global the pickles name becomes an
+inert placeholder, so no code runs and no tensor is allocated): each storage the object uses must be
 listed once in the key list, of a known storage type, with an element count
 that its own header in the data section repeats and whose bytes lie within
 the file. A file cannot hold more bytes than it is long, so what torch then
@@ -24,7 +24,6 @@ allocate more) and hides the file descriptor from torch.
 
 from __future__ import annotations
 
-import _compat_pickle
 import io
 import pickle
 import struct
@@ -34,11 +33,12 @@ from typing import Any, BinaryIO
 import torch
 
 from ampnet.io.pickle_calls import call_problem
+from ampnet.io.skeleton import HashedEntryError, SkeletonUnpickler, StorageRef
 from ampnet.io.structure import brief as describe
 from ampnet.io.structure import check_structure
 from ampnet.validation import is_int
 
-__all__ = ["LEGACY_MAGIC", "is_torch_legacy", "check_torch_legacy", "BoundedReader"]
+__all__ = ["LEGACY_MAGIC", "is_torch_legacy", "check_torch_legacy", "check_zip_pickle", "BoundedReader"]
 
 #: How a legacy file begins: torch's magic number, pickled with protocol 2.
 LEGACY_MAGIC = pickle.dumps(0x1950A86A20F9469CFC6C, protocol=2)
@@ -118,68 +118,6 @@ class BoundedReader(io.RawIOBase):
         return self._f.readline(left if limit is None or limit < 0 else min(limit, left))
 
 
-class _Placeholder:
-    """What every global and persistent id of a checked pickle becomes: it
-    accepts any construction and any state, and does nothing."""
-
-    module = ""
-    name = ""
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> "_Placeholder":
-        return object.__new__(cls)
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def __setstate__(self, state: Any) -> None:
-        pass
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        pass
-
-    def append(self, value: Any) -> None:
-        pass
-
-    def extend(self, values: Any) -> None:
-        pass
-
-
-class _StorageRef(_Placeholder):
-    """What a persistent id becomes: a placeholder that keeps the id."""
-
-    def __init__(self, pid: Any) -> None:
-        self.pid = pid
-
-
-class _SkeletonUnpickler(pickle._Unpickler):  # the pure-Python one: reads go through the file's read
-    """Unpickles the structure of a pickle only: globals are placeholder
-    classes that record their name and every call of them (with its
-    arguments), persistent ids are recorded."""
-
-    def __init__(self, file: BoundedReader) -> None:
-        super().__init__(file, encoding="latin1")
-        self.persistent_ids: list[Any] = []
-        self.calls: list[tuple[str, tuple]] = []
-
-    def find_class(self, module: str, name: str) -> type:
-        if self.proto < 3 and self.fix_imports:  # Python 2 names, as pickle maps them
-            if (module, name) in _compat_pickle.NAME_MAPPING:
-                module, name = _compat_pickle.NAME_MAPPING[(module, name)]
-            elif module in _compat_pickle.IMPORT_MAPPING:
-                module = _compat_pickle.IMPORT_MAPPING[module]
-        calls = self.calls
-
-        def record(cls: type, *args: Any, **kwargs: Any) -> _Placeholder:
-            calls.append((f"{module}.{name}", args))
-            return object.__new__(cls)
-
-        return type(name, (_Placeholder,), {"module": module, "name": name, "__new__": record})
-
-    def persistent_load(self, pid: Any) -> Any:
-        self.persistent_ids.append(pid)
-        return _StorageRef(pid)
-
-
 def is_torch_legacy(f: BinaryIO) -> bool:
     """Whether ``f`` begins as torch's legacy files do; ``f`` is left at its
     start."""
@@ -223,7 +161,7 @@ def _storage_size(pid: Any, source: str) -> tuple[Any, int, int] | None:
 def _dtype_of(ref: Any) -> torch.dtype | None:
     """The dtype of a storage type's placeholder (or of a storage's, or of a
     dtype's global); None when unknown."""
-    if isinstance(ref, _StorageRef):
+    if isinstance(ref, StorageRef):
         pid = ref.pid
         ref = pid[1] if isinstance(pid, tuple) and len(pid) == 6 else None
     module, name = getattr(ref, "module", None), getattr(ref, "name", None)
@@ -237,7 +175,7 @@ def _storage_bytes(ref: Any) -> int | None:
     """The bytes a storage placeholder holds: its declared element count,
     or its view's (a legacy storage view: key, offset, size), checked
     within it; None for anything else."""
-    if not isinstance(ref, _StorageRef):
+    if not isinstance(ref, StorageRef):
         return None
     pid = ref.pid
     dtype = _dtype_of(ref)
@@ -287,11 +225,13 @@ def check_torch_legacy(f: BinaryIO, size: int, source: str) -> BoundedReader:
         persistent_ids: list[Any] = []
         calls: list[tuple[str, tuple]] = []
         for _ in range(5):  # magic, protocol, system info, the object, the keys
-            unpickler = _SkeletonUnpickler(reader)
+            unpickler = SkeletonUnpickler(reader)
             pickles.append(unpickler.load())
             persistent_ids += unpickler.persistent_ids
             calls += unpickler.calls
         data_start = reader.tell()
+    except HashedEntryError as exc:
+        raise _refuse(source, str(exc)) from exc
     except Exception as exc:  # whatever a damaged pickle makes the unpickler raise
         raise _refuse(source, f"its pickles are damaged ({type(exc).__name__}: {exc})") from exc
     finally:
@@ -316,8 +256,9 @@ def check_torch_legacy(f: BinaryIO, size: int, source: str) -> BoundedReader:
             source, f"the key list {describe(keys)} does not list each of the "
             f"{len(declared)} storages that the object uses exactly once"
         )
+    counts: dict[int, tuple[Any, int]] = {}
     for name, args in calls:
-        problem = call_problem(name, args, _storage_bytes, _dtype_of)
+        problem = call_problem(name, args, _storage_bytes, _dtype_of, counts=counts)
         if problem:
             raise _refuse(source, problem)
     position = data_start
@@ -339,3 +280,40 @@ def check_torch_legacy(f: BinaryIO, size: int, source: str) -> BoundedReader:
         position += 8 + nbytes
     f.seek(0)
     return reader
+
+
+def check_zip_pickle(data: bytes, size: int, source: str) -> None:
+    """Check the pickle (``data.pkl``) of a torch zip file on its skeleton
+    (:mod:`ampnet.io.skeleton`) before ``torch.load`` builds it: no dict key
+    or set entry too large to hash, no list inside itself nor more entries
+    than the file's ``size`` in bytes (every place counted), and no call
+    that allocates what its arguments ask (:func:`ampnet.io.pickle_calls.call_problem`;
+    the file's storages cannot grow, so torch itself refuses a tensor that
+    reaches past its storage).
+
+    Raises
+    ------
+    ValueError
+      Naming ``source``.
+    """
+    unpickler = SkeletonUnpickler(io.BytesIO(data))
+    obj = None
+    try:
+        obj = unpickler.load()
+    except HashedEntryError as exc:
+        raise ValueError(f"{source} cannot be loaded: {exc}. Nothing was loaded.") from exc
+    except Exception:  # a damaged or malicious pickle: torch.load refuses it with its own
+        pass  # error, after the calls before the damage, which are checked here
+    calls = unpickler.calls
+    parts = (("content", obj), ("storage ids", unpickler.persistent_ids),
+             ("call arguments", [args for _, args in calls]))
+    for part, value in parts:
+        check_structure(value, f"{source} (its {part})", size)
+    counts: dict[int, tuple[Any, int]] = {}
+    for name, args in calls:
+        problem = call_problem(name, args, _storage_bytes, _dtype_of, tensors=False, counts=counts)
+        if problem:
+            raise ValueError(
+                f"{source} cannot be loaded: {problem}; torch.save never writes such a call. "
+                "Nothing was loaded. Fix: pass the file that save_params wrote."
+            )

@@ -12,7 +12,9 @@ name of the global and its arguments, as the skeleton reader of
 :mod:`ampnet.io.legacy` records them): a tensor must lie within the storage
 it is built on, and the calls that ``torch.save`` never writes with a size
 (the tensor and storage classes, ``bytearray`` of a number, quantized,
-nested and subclass tensors) are refused.
+nested and subclass tensors) are refused, and so is a set, Counter or
+OrderedDict over entries too large to hash
+(:data:`ampnet.io.skeleton.HASHED_ENTRIES`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any, Callable
 
 import torch
 
+from ampnet.io.skeleton import hashed_problem
 from ampnet.io.structure import brief
 
 __all__ = ["TENSOR_REBUILDS", "call_problem"]
@@ -87,8 +90,22 @@ def _tensor_problem(name: str, args: tuple, storage_bytes: Callable[[Any], int |
     return None
 
 
+def _hashed_arguments(name: str, args: tuple) -> list[Any]:
+    """What a call of the global ``name`` hashes: the entries of a set or
+    Counter, the keys of an OrderedDict's pairs."""
+    first = args[0] if args else None
+    if name in ("builtins.set", "builtins.frozenset", "collections.Counter"):
+        if isinstance(first, dict):
+            return list(first)
+        return list(first) if isinstance(first, (list, tuple, set, frozenset)) else []
+    if name == "collections.OrderedDict" and isinstance(first, (list, tuple)):
+        return [pair[0] for pair in first if isinstance(pair, (list, tuple)) and pair]
+    return []
+
+
 def call_problem(name: str, args: tuple, storage_bytes: Callable[[Any], int | None],
-                 dtype_of: Callable[[Any], torch.dtype | None]) -> str | None:
+                 dtype_of: Callable[[Any], torch.dtype | None], tensors: bool = True,
+                 counts: dict[int, tuple[Any, int]] | None = None) -> str | None:
     """Why the call of the global ``name`` with ``args`` could allocate more
     than the file holds; None when it cannot.
 
@@ -107,9 +124,20 @@ def call_problem(name: str, args: tuple, storage_bytes: Callable[[Any], int | No
     dtype_of : callable
       The dtype of a storage placeholder or of a dtype's global; None when
       unknown.
+
+    tensors : bool, default True
+      Whether to check tensors against their storages (a zip file's
+      storages cannot grow: torch refuses such a tensor itself).
+
+    counts : dict, optional
+      Shared between the calls of one file: the tuples already counted
+      before they are hashed (:func:`ampnet.io.skeleton.hashed_problem`).
     """
+    hashed = hashed_problem(_hashed_arguments(name, args), {} if counts is None else counts)
+    if hashed:
+        return f"it calls {name} over {hashed}"
     if name in TENSOR_REBUILDS:
-        return _tensor_problem(name, args, storage_bytes, dtype_of)
+        return _tensor_problem(name, args, storage_bytes, dtype_of) if tensors else None
     if name in _NEVER:
         return f"it calls {name}, a kind of tensor that a checkpoint never holds"
     if _allocates_by_argument(name) and args:

@@ -53,7 +53,8 @@ def _children(item: Any, top: bool = False) -> list[tuple[str, Any]]:
     return [(f"[{i}]", child) for i, child in enumerate(item)]
 
 
-def structure_problem(data: Any, max_entries: int) -> tuple[str, str] | None:
+def structure_problem(data: Any, max_entries: int,
+                      counts: dict[int, tuple[Any, int]] | None = None) -> tuple[str, str] | None:
     """The first field of ``data`` that holds itself, or the field that
     holds more than ``max_entries`` entries with every place counted.
 
@@ -66,15 +67,22 @@ def structure_problem(data: Any, max_entries: int) -> tuple[str, str] | None:
     max_entries : int
       The most entries accepted.
 
+    counts : dict, optional
+      The entries of the lists, tuples and dicts counted so far (by id,
+      with the object, which it keeps alive), shared between calls over
+      parts of one structure so that each is counted once.
+
     Returns
     -------
     (field, problem) or None
       ``field`` as a path (``"['state'][0]"``; ``""`` for ``data``).
     """
-    counts: dict[int, int] = {}  # id -> entries, every place counted
+    if counts is None:
+        counts = {}  # id -> (object, entries, every place counted)
     open_ids: set[int] = set()
     # (item, path, its entries, next entry, entries counted so far)
     stack: list[list[Any]] = []
+    walked = 0  # entries walked: the walk stops after max_entries of them
 
     def enter(item: Any, path: str) -> str | None:
         if id(item) in open_ids:
@@ -89,46 +97,35 @@ def structure_problem(data: Any, max_entries: int) -> tuple[str, str] | None:
     while stack:
         frame = stack[-1]
         item, path, children, index, total = frame
+        if total > max_entries or walked > max_entries:
+            return _short_path(path), (
+                f"holds {_about(total)} entries or more when each place of a list, tuple or dict "
+                f"that it holds several times over is counted, more than the {max_entries} that "
+                "a file of its size can hold"
+            )
         if index < len(children):
             frame[3] += 1
+            walked += 1
             step, child = children[index]
             if not isinstance(child, _CONTAINERS):
                 frame[4] += 1
             elif id(child) in counts:
-                frame[4] += counts[id(child)]
+                frame[4] += counts[id(child)][1]
             else:
                 cycle = enter(child, path + step)
                 if cycle is not None:
-                    return cycle, "holds itself (a list, tuple or dict inside itself)"
+                    return _short_path(cycle), "holds itself (a list, tuple or dict inside itself)"
             continue
         stack.pop()
         open_ids.discard(id(item))
-        counts[id(item)] = total
+        counts[id(item)] = (item, total)
         if stack:
             stack[-1][4] += total
-    total = counts[id(data)]
-    if total <= max_entries:
-        return None
-    field = _largest_field(data, counts, max_entries)
-    if len(field) > 80:
-        field = field[:77] + "..."
-    return field, (
-        f"holds {_about(total)} entries when each place of a list, tuple or dict that it "
-        f"holds several times over is counted, more than the {max_entries} that a file of "
-        "its size can hold"
-    )
+    return None
 
 
-def _largest_field(data: Any, counts: dict[int, int], max_entries: int) -> str:
-    """The deepest field whose entries alone exceed ``max_entries``."""
-    path, item = "", data
-    while True:
-        for step, child in _children(item, item is data):
-            if isinstance(child, _CONTAINERS) and counts.get(id(child), 0) > max_entries:
-                path, item = path + step, child
-                break
-        else:
-            return path
+def _short_path(path: str) -> str:
+    return path if len(path) <= 80 else path[:77] + "..."
 
 
 def _about(n: int) -> str:
