@@ -65,6 +65,17 @@ def key_bomb():
     return b"\x80\x02}" + body + b"K\x01s."
 
 
+def legacy_with_object(raw):
+    """A legacy file without storages whose object pickle is ``raw``."""
+    data = saved({"a": 1}, zip_format=False)
+    f = io.BytesIO(data)
+    for _ in range(3):  # magic, protocol, system info
+        pickle.load(f)
+    start = f.tell()
+    pickle.load(f)
+    return data[:start] + raw + data[f.tell():]
+
+
 HOSTILE = {
     "bytearray": (lambda: saved({"w": Call(bytearray, 10**9)}), r"bytearray\(1000000000\)"),
     "FloatTensor": (lambda: saved({"w": Call(torch.FloatTensor, 10**9)}), r"torch.FloatTensor\(1000000000"),
@@ -77,6 +88,7 @@ HOSTILE = {
     "legacy-dict-key": (lambda: saved(Call(collections.OrderedDict, [(laughs_tuple(12), 1)]), zip_format=False),
                         "collections.OrderedDict over a dict key"),
     "legacy-bytearray": (lambda: saved({"w": Call(bytearray, 10**9)}, zip_format=False), r"bytearray\(1000000000\)"),
+    "legacy-dict-key-setitem": (lambda: legacy_with_object(key_bomb()), "a dict key or set entry"),
     "legacy-laughs-key": (lambda: saved(Call(collections.OrderedDict, [(laughs_tuple(), 1)]), zip_format=False),
                           "entries or more"),
 }

@@ -13,11 +13,15 @@ while it unpickles the object, before it reads any storage bytes, so a file
 of a few hundred bytes could make it allocate terabytes.
 :func:`check_torch_legacy` reads the same structure first without building
 anything (:mod:`ampnet.io.skeleton`: every global the pickles name becomes an
-inert placeholder, so no code runs and no tensor is allocated): each storage the object uses must be
-listed once in the key list, of a known storage type, with an element count
-that its own header in the data section repeats and whose bytes lie within
-the file. A file cannot hold more bytes than it is long, so what torch then
-allocates is at most the file's size. :class:`BoundedReader` caps every read
+inert placeholder, so no code runs and no tensor is allocated): each storage
+the object uses must be listed once in the key list, of a known storage
+type, with an element count that its own header in the data section repeats
+and whose bytes lie within the file; each tensor built on a storage must lie
+within it (torch grows a legacy storage to fit its tensor), and no call may
+allocate what its arguments ask (:mod:`ampnet.io.pickle_calls`); no pickle
+may hold more entries than the file has bytes (:mod:`ampnet.io.structure`).
+A file cannot hold more bytes than it is long, so what torch then allocates
+is at most the file's size. :class:`BoundedReader` caps every read
 at the file's end (a pickle opcode's declared length cannot make a read
 allocate more) and hides the file descriptor from torch.
 """
@@ -216,7 +220,10 @@ def check_torch_legacy(f: BinaryIO, size: int, source: str) -> BoundedReader:
       Naming ``source``: a storage that declares more bytes than the file
       holds after it, one of an unknown type, one not listed (or listed
       twice) in the key list, a data header that disagrees with its
-      declaration, or a structure that is not a legacy file's.
+      declaration, a tensor that reaches past its storage, a call that
+      allocates what its arguments ask, a structure that holds itself or
+      more entries than the file has bytes, or one that is not a legacy
+      file's.
     """
     reader = BoundedReader(f, size)
     reader.seek(0)
