@@ -5,8 +5,10 @@ bit-flipped, overwritten, wrong-typed or missing fields, foreign files: a
 file of another slot or of another run), every numeric field set to
 extremes (0, -1, int32 and int64 bounds, subnormals, float32/float64
 bounds, NaN, infinities, ints beyond float range), tensors without values
-(meta), torch's legacy format (as written, corrupted, and declaring a
-storage larger than the file), special files and links in each file's place
+(meta), torch's legacy format (as written, corrupted, declaring a
+storage larger than the file, and with tensors whose size, stride or
+offset reach past their storage), structures that hold the same list many
+times over (2**60 paths) or themselves, special files and links in each file's place
 (a FIFO, a socket, a directory, links to /dev/zero, to a valid copy outside
 the folder, to one inside it, and dangling ones) and planted journals are
 loaded in one subprocess, with a data-size limit and a per-case alarm so
@@ -24,6 +26,7 @@ Run by pytest; also runnable by hand::
     python tests/test_fuzz_checkpoint.py WORKDIR RESULT.json [SEED]
 """
 
+import collections
 import copy
 import json
 import math
@@ -112,6 +115,12 @@ def test_fuzzed_checkpoints_load_or_are_refused_without_changing_the_net(tmp_pat
     assert by_kind["legacy-bomb"]["refused"] >= 3 and by_kind["legacy-bomb"]["loaded"] == 0
     assert sum(by_kind["legacy-corrupt"].values()) == 20
     assert sum(by_kind["dangling"].values()) == len(FILES)
+    # shared references are refused in every torch file, within 2 s (JSON cannot share: its
+    # structures are as long as their places, and load or are refused in time)
+    assert by_kind["shared"] == {"refused": 15, "loaded": 0}, by_kind["shared"]
+    assert sum(by_kind["shared-json"].values()) == 6
+    # a legacy tensor past its storage is refused before torch allocates (4 GiB data limit)
+    assert by_kind["legacy-stride"]["refused"] >= 6 and by_kind["legacy-stride"]["loaded"] == 0
     # the CI budget is 30 s of wall-clock time on an idle machine; CPU time is what a
     # shared machine can measure
     if cpu is not None:
@@ -345,7 +354,7 @@ def _worker(workdir, result_path, seed):
             if not all(math.isfinite(lr) and lr >= 0 for lr in lrs):
                 raise ValueError(f"scheduler {name!r} stepped to the learning rates {lrs}")
 
-    def run_case(slot, kind, named, safetensors=False, after=None):
+    def run_case(slot, kind, named, safetensors=False, after=None, bound_s=None):
         case = f"{report['cases']}:{slot}:{kind}"
         progress.write(case + "\n")
         progress.flush()
@@ -370,6 +379,7 @@ def _worker(workdir, result_path, seed):
             for n in sorted(os.listdir(ckpt))
             if os.path.isfile(os.path.join(ckpt, n)) and not os.path.islink(os.path.join(ckpt, n))
         }
+        started = time.perf_counter()
         try:
             if mode == "load_params":
                 net.load_params(checkpoint=cp, use_safetensors=safetensors)
@@ -388,7 +398,7 @@ def _worker(workdir, result_path, seed):
             cause = exc
             while cause is not None and not isinstance(cause, MemoryError):
                 cause = cause.__cause__ or cause.__context__
-            if cause is not None:
+            if cause is not None or "can't allocate memory" in text:
                 report["failures"].append(f"{case} ({mode}): refused after running out of memory: {text[:200]}")
             if named not in text:
                 report["failures"].append(
@@ -429,6 +439,9 @@ def _worker(workdir, result_path, seed):
         finally:
             if hasattr(signal, "alarm"):
                 signal.alarm(0)
+        elapsed = time.perf_counter() - started
+        if bound_s is not None and elapsed > bound_s:
+            report["failures"].append(f"{case} ({mode}): took {elapsed:.1f} s (bound: {bound_s} s)")
         for path, data in victim_files.items():
             if not os.path.isfile(path) or open(path, "rb").read() != data:
                 report["failures"].append(f"{case}: {path} outside the checkpoint was changed")
@@ -763,6 +776,79 @@ def _worker(workdir, result_path, seed):
             reset(pristine)
             write(path, bytes_corruption(legacy, kind))
             run_case(slot, "legacy-corrupt", path)
+
+    # ---- shared references: 2**60 paths in a few KB, a list inside itself ----------
+
+    def laughs(depth, leaf=0.5):
+        x = [leaf]
+        for _ in range(depth):
+            x = [x, x]
+        return x
+
+    def self_holding():
+        x = [0.5]
+        x.append(x)
+        return x
+
+    for slot, name in FILES.items():
+        path = os.path.join(ckpt, name)
+        original = open(os.path.join(pristine, name), "rb").read()
+        is_json = name.endswith(".json")
+        for variant in ("laughs", "self", "laughs"):
+            reset(pristine)
+            obj = listify(json.loads(original) if is_json else torch.load(_io.BytesIO(original), weights_only=True))
+            if is_json:  # JSON has no references: the structure as long as its places
+                structure = laughs(rng.choice([10, 12]))
+            else:
+                structure = laughs(60) if variant == "laughs" else self_holding()
+            nodes = nodes_of(obj)
+            if nodes:
+                parent, key = rng.choice(nodes)
+                parent[key] = structure
+            else:
+                obj = {"fuzz": structure}
+            if is_json:
+                write(path, json.dumps(obj).encode())
+            else:
+                buffer = _io.BytesIO()
+                torch.save(obj, buffer)
+                write(path, buffer.getvalue())
+            run_case(slot, "shared" if not is_json else "shared-json", path, bound_s=2.0)
+
+    # ---- legacy tensors whose size, stride or offset reach past their storage ------
+
+    class Call:
+        def __init__(self, fn, *args):
+            self.fn, self.args = fn, args
+
+        def __reduce__(self):
+            return self.fn, self.args
+
+    def first_tensor(obj):
+        for parent, key in nodes_of(obj):
+            value = parent[key]
+            if isinstance(value, torch.Tensor) and value.numel() and value.device.type == "cpu":
+                return parent, key
+        return None
+
+    for slot in ("f_params", "f_optimizer", "f_criterion", "f_grad_scaler", "f_rng_state"):
+        path = os.path.join(ckpt, FILES[slot])
+        original = open(os.path.join(pristine, FILES[slot]), "rb").read()
+        for size, stride, offset in (((10**10,), (1,), 0), ((2, 2), (10**10, 1), 0), (None, (1,), 10**10)):
+            obj = torch.load(_io.BytesIO(original), weights_only=True)
+            place = first_tensor(obj)
+            if place is None:  # no tensor (an empty criterion state, a scaler state of floats)
+                break
+            parent, key = place
+            tensor = parent[key].contiguous()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                storage = tensor.storage()
+            parent[key] = Call(torch._utils._rebuild_tensor_v2, storage, offset, size or (tensor.numel(),),
+                               stride, False, collections.OrderedDict())
+            reset(pristine)
+            write(path, legacy_bytes(obj))
+            run_case(slot, "legacy-stride", path, bound_s=2.0)
 
     # ---- special files and links in each file's place ------------------------------
 

@@ -8,8 +8,8 @@ the pending renames is written atomically into each target directory, the
 renames are done and the journal is removed. A process killed before the
 journal exists leaves every old file in place; a process killed after it
 leaves a journal that :func:`recover` completes (it is called before every
-save and every load), so a reader sees either the whole old group or the
-whole new one, never a mix.
+save and every load, and renames only while it holds the folder's lock), so
+a reader sees either the whole old group or the whole new one, never a mix.
 
 A journal is untrusted input (a checkpoint folder may come from anywhere):
 each one lists only renames inside its own directory, from an ampnet
@@ -37,6 +37,7 @@ import json
 import os
 import re
 import stat
+import time
 import uuid
 from typing import Any, Callable, Iterable, Mapping
 
@@ -44,7 +45,8 @@ from ampnet.io.kinds import JOURNAL_MAX_BYTES
 from ampnet.io.lock import DirectoryLock, DirectoryLockedError, directory_locks
 from ampnet.io.numbers import check_values
 from ampnet.io.reading import read_untrusted
-from ampnet.validation import MAX_DEPTH, describe, nesting_depth
+from ampnet.io.structure import brief as describe
+from ampnet.validation import MAX_DEPTH, nesting_depth
 
 __all__ = [
     "atomic_write_group", "recover", "is_path", "read_json", "write_key", "TEMP_SUFFIX",
@@ -103,7 +105,7 @@ def read_json(target: Any, source: str, what: str, max_bytes: int) -> Any:
             f"{source} is not {what}: its lists and dicts are nested more than "
             f"{MAX_DEPTH} levels deep, which ampnet never writes."
         )
-    return check_values(data, source)
+    return check_values(data, source, len(raw))
 
 
 #: What to do about a write error, by errno.
@@ -290,8 +292,67 @@ def _read_journal(directory: str, path: str) -> list[tuple[str, str]] | None:
     return pairs
 
 
+#: Seconds a load waits for the writer that holds a folder's lock to
+#: complete the journal it left there.
+RECOVER_WAIT_S = 2.0
+
+
 def recover(directories: Iterable[str]) -> None:
-    """Complete a group commit that a killed process left pending.
+    """Complete a group commit that a killed process left pending, holding
+    the lock of each directory that has a journal while its files are
+    renamed (:mod:`ampnet.io.lock`; a Checkpoint's lock of this process is
+    borrowed), so that no file is renamed by a process that does not hold
+    its folder's lock (see :func:`_recover_held`).
+
+    Raises
+    ------
+    DirectoryLockedError
+      Another writer holds the lock and its journal is still there after
+      :data:`RECOVER_WAIT_S` seconds; nothing was renamed.
+
+    ValueError
+      As :func:`_recover_held`; also for a folder where no lock can be
+      taken (read-only), naming the journal.
+    """
+    for directory in sorted({os.path.abspath(d or ".") for d in directories}):
+        journal = os.path.join(directory, JOURNAL_NAME)
+        if not os.path.lexists(journal):
+            continue
+        lock = _lock_for_recovery(directory, journal)
+        if lock is None:  # its writer completed it meanwhile
+            continue
+        try:
+            _recover_held([directory])
+        finally:
+            lock.release()
+
+
+def _lock_for_recovery(directory: str, journal: str) -> DirectoryLock | None:
+    """The lock of ``directory``, to complete ``journal``; None when the
+    journal went while waiting for its writer."""
+    deadline = time.monotonic() + RECOVER_WAIT_S
+    while True:
+        try:
+            return DirectoryLock(directory).acquire()
+        except DirectoryLockedError as exc:
+            if not os.path.lexists(journal):
+                return None
+            if time.monotonic() >= deadline:
+                raise DirectoryLockedError(
+                    f"Cannot load from {directory!r}: a save that another writer is committing "
+                    f"there is pending (journal {journal!r}), and that writer holds the folder's "
+                    f"lock ({exc}). Nothing was loaded and nothing renamed. Fix: load again once "
+                    "that save is done."
+                ) from exc
+            time.sleep(0.05)
+        except OSError as exc:  # no lock can be created there: a read-only folder
+            moves = _read_journal(directory, journal) or [("", JOURNAL_NAME)]
+            raise _pending_error(journal, moves[0][1], exc) from exc
+
+
+def _recover_held(directories: Iterable[str]) -> None:
+    """Complete a group commit that a killed process left pending; the
+    caller holds the lock of every directory.
 
     For each directory holding a journal, check the whole journal, then
     rename the listed temporary files into place (those already renamed
@@ -421,7 +482,7 @@ def atomic_write_group(writers: Mapping[Any, Writer]) -> None:
 
 def _commit(paths: dict[str, Writer], directories: list[str], locks: list[DirectoryLock]) -> None:
     """Write and commit the group while holding the directories' locks."""
-    recover(directories)
+    _recover_held(directories)
     _remove_orphans(paths)
     moves: list[tuple[str, str]] = []
     try:
@@ -464,7 +525,7 @@ def _commit(paths: dict[str, Writer], directories: list[str], locks: list[Direct
         for temp, _ in moves:
             _remove_quietly(temp)
         raise
-    recover(directories)
+    _recover_held(directories)
 
 
 def _final_path(target: Any) -> str:

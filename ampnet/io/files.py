@@ -16,9 +16,9 @@ from ampnet.io.atomic import is_path, read_json, recover
 from ampnet.io.kinds import max_bytes
 from ampnet.io.numbers import check_values, finite_number
 from ampnet.io.reading import check_torch_file, open_untrusted, read_error, read_untrusted
+from ampnet.io.structure import brief as describe
 from ampnet.validation import (
     all_finite,
-    describe,
     dtype_kind,
     is_int,
     is_number,
@@ -69,8 +69,9 @@ def read_state(target: Any, source: str, safetensors: bool, map_location: Any,
     a torch file in zip format with uncompressed records, or in the legacy
     format with every declared storage within the file), or an open file.
     What it holds is checked by :func:`ampnet.io.numbers.check_values`: no
-    int beyond float range, no tensor without values (meta, sparse,
-    quantized).
+    list inside itself nor more entries than the file has bytes (every
+    place of a shared list counted), no int beyond float range, no tensor
+    without values (meta, sparse, quantized).
 
     Parameters
     ----------
@@ -103,15 +104,30 @@ def read_state(target: Any, source: str, safetensors: bool, map_location: Any,
     """
     if is_path(target):
         if safetensors:
-            state = _read_state(read_untrusted(target, source, limit), source, True,
-                                map_location, load_kwargs)
+            data = read_untrusted(target, source, limit)
+            size: int | None = len(data)
+            state = _read_state(data, source, True, map_location, load_kwargs)
         else:
             with open_untrusted(target, source, limit) as f:
+                size = os.fstat(f.fileno()).st_size
                 state = _read_state(check_torch_file(f, source), source, False, map_location,
                                     load_kwargs)
     else:
+        size = _length(target)
         state = _read_state(target, source, safetensors, map_location, load_kwargs)
-    return check_values(state, source)
+    return check_values(state, source, size)
+
+
+def _length(f: Any) -> int | None:
+    """The length of an open file (None when it cannot seek); its position
+    is kept."""
+    try:
+        here = f.tell()
+        end = f.seek(0, os.SEEK_END)
+        f.seek(here)
+    except (AttributeError, OSError, ValueError):
+        return None
+    return end if isinstance(end, int) else None
 
 
 def read_params_file(path: Any, source: str | None = None, map_location: Any = "cpu") -> Any:

@@ -12,12 +12,16 @@ A legacy file is a row of pickles followed by the raw bytes of each storage::
 while it unpickles the object, before it reads any storage bytes, so a file
 of a few hundred bytes could make it allocate terabytes.
 :func:`check_torch_legacy` reads the same structure first without building
-anything (every global the pickles name becomes an inert placeholder, so no
-code runs and no tensor is allocated): each storage the object uses must be
-listed once in the key list, of a known storage type, with an element count
-that its own header in the data section repeats and whose bytes lie within
-the file. A file cannot hold more bytes than it is long, so what torch then
-allocates is at most the file's size. :class:`BoundedReader` caps every read
+anything (:mod:`ampnet.io.skeleton`: every global the pickles name becomes an
+inert placeholder, so no code runs and no tensor is allocated): each storage
+the object uses must be listed once in the key list, of a known storage
+type, with an element count that its own header in the data section repeats
+and whose bytes lie within the file; each tensor built on a storage must lie
+within it (torch grows a legacy storage to fit its tensor), and no call may
+allocate what its arguments ask (:mod:`ampnet.io.pickle_calls`); no pickle
+may hold more entries than the file has bytes (:mod:`ampnet.io.structure`).
+A file cannot hold more bytes than it is long, so what torch then allocates
+is at most the file's size. :class:`BoundedReader` caps every read
 at the file's end (a pickle opcode's declared length cannot make a read
 allocate more) and hides the file descriptor from torch.
 """
@@ -32,9 +36,13 @@ from typing import Any, BinaryIO
 
 import torch
 
-from ampnet.validation import describe, is_int
+from ampnet.io.pickle_calls import call_problem
+from ampnet.io.skeleton import HashedEntryError, SkeletonUnpickler, StorageRef
+from ampnet.io.structure import brief as describe
+from ampnet.io.structure import check_structure
+from ampnet.validation import is_int
 
-__all__ = ["LEGACY_MAGIC", "is_torch_legacy", "check_torch_legacy", "BoundedReader"]
+__all__ = ["LEGACY_MAGIC", "is_torch_legacy", "check_torch_legacy", "check_zip_pickle", "BoundedReader"]
 
 #: How a legacy file begins: torch's magic number, pickled with protocol 2.
 LEGACY_MAGIC = pickle.dumps(0x1950A86A20F9469CFC6C, protocol=2)
@@ -114,48 +122,6 @@ class BoundedReader(io.RawIOBase):
         return self._f.readline(left if limit is None or limit < 0 else min(limit, left))
 
 
-class _Placeholder:
-    """What every global and persistent id of a checked pickle becomes: it
-    accepts any construction and any state, and does nothing."""
-
-    module = ""
-    name = ""
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> "_Placeholder":
-        return object.__new__(cls)
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def __setstate__(self, state: Any) -> None:
-        pass
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        pass
-
-    def append(self, value: Any) -> None:
-        pass
-
-    def extend(self, values: Any) -> None:
-        pass
-
-
-class _SkeletonUnpickler(pickle._Unpickler):  # the pure-Python one: reads go through the file's read
-    """Unpickles the structure of a pickle only: globals are placeholder
-    classes that record their name, persistent ids are recorded."""
-
-    def __init__(self, file: BoundedReader) -> None:
-        super().__init__(file, encoding="latin1")
-        self.persistent_ids: list[Any] = []
-
-    def find_class(self, module: str, name: str) -> type:
-        return type(name, (_Placeholder,), {"module": module, "name": name})
-
-    def persistent_load(self, pid: Any) -> Any:
-        self.persistent_ids.append(pid)
-        return _Placeholder()
-
-
 def is_torch_legacy(f: BinaryIO) -> bool:
     """Whether ``f`` begins as torch's legacy files do; ``f`` is left at its
     start."""
@@ -184,16 +150,48 @@ def _storage_size(pid: Any, source: str) -> tuple[Any, int, int] | None:
     if len(pid) != 6:
         raise _refuse(source, f"a storage id holds {len(pid)} fields, not 6")
     _, storage_type, key, _location, numel, _view = pid
-    module, name = getattr(storage_type, "module", None), getattr(storage_type, "name", None)
-    dtype = _STORAGE_DTYPES.get(name) if module in _STORAGE_MODULES else None
+    dtype = _dtype_of(storage_type)
     if dtype is None:
-        raise _refuse(source, f"storage {key!r} has the unknown type {module}.{name}")
+        module, name = getattr(storage_type, "module", None), getattr(storage_type, "name", None)
+        raise _refuse(source, f"storage {describe(key)} has the unknown type {module}.{name}")
     if not (isinstance(key, (str, bytes, int)) and is_int(numel) and numel >= 0):
         raise _refuse(
             source, f"storage {describe(key)} declares {describe(numel)} elements (an int >= 0 is "
             "needed)"
         )
     return key, numel, numel * dtype.itemsize
+
+
+def _dtype_of(ref: Any) -> torch.dtype | None:
+    """The dtype of a storage type's placeholder (or of a storage's, or of a
+    dtype's global); None when unknown."""
+    if isinstance(ref, StorageRef):
+        pid = ref.pid
+        ref = pid[1] if isinstance(pid, tuple) and len(pid) == 6 else None
+    module, name = getattr(ref, "module", None), getattr(ref, "name", None)
+    if module in _STORAGE_MODULES and name in _STORAGE_DTYPES:
+        return _STORAGE_DTYPES[name]
+    found = getattr(torch, name, None) if module == "torch" and isinstance(name, str) else None
+    return found if isinstance(found, torch.dtype) else None
+
+
+def _storage_bytes(ref: Any) -> int | None:
+    """The bytes a storage placeholder holds: its declared element count,
+    or its view's (a legacy storage view: key, offset, size), checked
+    within it; None for anything else."""
+    if not isinstance(ref, StorageRef):
+        return None
+    pid = ref.pid
+    dtype = _dtype_of(ref)
+    if not (isinstance(pid, tuple) and len(pid) == 6 and dtype is not None and is_int(pid[4])):
+        return None
+    numel, view = pid[4], pid[5]
+    if view is None:
+        return numel * dtype.itemsize
+    if not (isinstance(view, tuple) and len(view) == 3 and is_int(view[1]) and is_int(view[2])):
+        return None
+    _, offset, size = view
+    return size * dtype.itemsize if 0 <= offset and 0 <= size and offset + size <= numel else None
 
 
 def check_torch_legacy(f: BinaryIO, size: int, source: str) -> BoundedReader:
@@ -222,22 +220,34 @@ def check_torch_legacy(f: BinaryIO, size: int, source: str) -> BoundedReader:
       Naming ``source``: a storage that declares more bytes than the file
       holds after it, one of an unknown type, one not listed (or listed
       twice) in the key list, a data header that disagrees with its
-      declaration, or a structure that is not a legacy file's.
+      declaration, a tensor that reaches past its storage, a call that
+      allocates what its arguments ask, a structure that holds itself or
+      more entries than the file has bytes, or one that is not a legacy
+      file's.
     """
     reader = BoundedReader(f, size)
     reader.seek(0)
     try:
         pickles = []
         persistent_ids: list[Any] = []
+        calls: list[tuple[str, tuple]] = []
         for _ in range(5):  # magic, protocol, system info, the object, the keys
-            unpickler = _SkeletonUnpickler(reader)
+            unpickler = SkeletonUnpickler(reader)
             pickles.append(unpickler.load())
             persistent_ids += unpickler.persistent_ids
+            calls += unpickler.calls
         data_start = reader.tell()
+    except HashedEntryError as exc:
+        raise _refuse(source, str(exc)) from exc
     except Exception as exc:  # whatever a damaged pickle makes the unpickler raise
         raise _refuse(source, f"its pickles are damaged ({type(exc).__name__}: {exc})") from exc
     finally:
         reader.seek(0)
+    # before anything walks them: no list inside itself, no more entries than bytes
+    parts = (("system information", pickles[2]), ("object", pickles[3]), ("storage key list", pickles[4]),
+             ("storage ids", persistent_ids), ("call arguments", [args for _, args in calls]))
+    for part, value in parts:
+        check_structure(value, f"{source} (legacy format, its {part})", size)
     if pickles[1] != _PROTOCOL_VERSION:
         raise _refuse(source, f"protocol version {describe(pickles[1])}, not {_PROTOCOL_VERSION}")
     keys = pickles[4]
@@ -253,6 +263,11 @@ def check_torch_legacy(f: BinaryIO, size: int, source: str) -> BoundedReader:
             source, f"the key list {describe(keys)} does not list each of the "
             f"{len(declared)} storages that the object uses exactly once"
         )
+    counts: dict[int, tuple[Any, int]] = {}
+    for name, args in calls:
+        problem = call_problem(name, args, _storage_bytes, _dtype_of, counts=counts)
+        if problem:
+            raise _refuse(source, problem)
     position = data_start
     for key in keys:
         numel, nbytes = declared[key]
@@ -272,3 +287,40 @@ def check_torch_legacy(f: BinaryIO, size: int, source: str) -> BoundedReader:
         position += 8 + nbytes
     f.seek(0)
     return reader
+
+
+def check_zip_pickle(data: bytes, size: int, source: str) -> None:
+    """Check the pickle (``data.pkl``) of a torch zip file on its skeleton
+    (:mod:`ampnet.io.skeleton`) before ``torch.load`` builds it: no dict key
+    or set entry too large to hash, no list inside itself nor more entries
+    than the file's ``size`` in bytes (every place counted), and no call
+    that allocates what its arguments ask (:func:`ampnet.io.pickle_calls.call_problem`;
+    the file's storages cannot grow, so torch itself refuses a tensor that
+    reaches past its storage).
+
+    Raises
+    ------
+    ValueError
+      Naming ``source``.
+    """
+    unpickler = SkeletonUnpickler(io.BytesIO(data))
+    obj = None
+    try:
+        obj = unpickler.load()
+    except HashedEntryError as exc:
+        raise ValueError(f"{source} cannot be loaded: {exc}. Nothing was loaded.") from exc
+    except Exception:  # a damaged or malicious pickle: torch.load refuses it with its own
+        pass  # error, after the calls before the damage, which are checked here
+    calls = unpickler.calls
+    parts = (("content", obj), ("storage ids", unpickler.persistent_ids),
+             ("call arguments", [args for _, args in calls]))
+    for part, value in parts:
+        check_structure(value, f"{source} (its {part})", size)
+    counts: dict[int, tuple[Any, int]] = {}
+    for name, args in calls:
+        problem = call_problem(name, args, _storage_bytes, _dtype_of, tensors=False, counts=counts)
+        if problem:
+            raise ValueError(
+                f"{source} cannot be loaded: {problem}; torch.save never writes such a call. "
+                "Nothing was loaded. Fix: pass the file that save_params wrote."
+            )

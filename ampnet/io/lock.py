@@ -11,10 +11,16 @@ writer's temporary files.
 
 A lock whose writer is gone is stale and is taken over:
 
-- on the same host, when no process with its id exists (POSIX);
+- on the same host, when no process with its id exists (POSIX; an id
+  outside 1 .. 2**31 - 1, such as ``2**70``, names no process);
 - from another host, on Windows, or unreadable: when it was not refreshed
   for :data:`STALE_AFTER_S` seconds (a writer refreshes it after every
   file).
+
+A lock file is untrusted like every file of a folder: its ``since`` field
+only serves the message of :class:`DirectoryLockedError`, which leaves it
+out when it is not a time (NaN, ``1e300``); no field of a lock file makes
+a save or a fit raise anything but that error.
 
 A :class:`ampnet.callbacks.checkpoint.Checkpoint` takes the lock of its
 directory for the whole fit (``scope="fit"``: at ``on_train_begin``,
@@ -25,8 +31,12 @@ go ahead under it. skorch does not call ``on_train_end`` when ``fit``
 raises: the lock of a fit that raised stays until the next fit of the same
 process takes it over, or the process ends (then it is stale, as above).
 
-Loads do not take the lock (a load only reads, and completes a committed
-save's renames, which is safe alongside its writer).
+A load reads without the lock; it takes the lock only to complete a save
+that a killed writer left pending (a journal, :func:`ampnet.io.atomic.recover`),
+so that no file of a folder is renamed by a process that does not hold its
+lock. While another writer holds the lock, a load waits up to
+:data:`ampnet.io.atomic.RECOVER_WAIT_S` seconds for it to complete its own
+journal, then raises :class:`DirectoryLockedError`.
 """
 
 from __future__ import annotations
@@ -81,8 +91,15 @@ def _holder_of(path: str) -> dict[str, Any] | None:
     return data
 
 
+#: The largest process id (``pid_t`` is a C int); a lock naming a larger one
+#: names no process.
+_PID_MAX = 2**31 - 1
+
+
 def _alive(pid: int) -> bool:
-    if pid <= 0:
+    """Whether a process with id ``pid`` exists on this host (ids outside
+    1 .. 2**31 - 1 name none)."""
+    if not 0 < pid <= _PID_MAX:
         return False
     try:
         os.kill(pid, 0)
@@ -105,6 +122,17 @@ def _is_stale(path: str, holder: dict[str, Any] | None) -> bool:
     if holder is not None and holder["host"] == socket.gethostname() and os.name != "nt":
         return not _alive(holder["pid"])
     return _age(path) > STALE_AFTER_S
+
+
+def _since(value: Any) -> str:
+    """`` since HH:MM:SS`` for a lock's ``since`` field; ``""`` for one that
+    is not a time this machine can show (NaN, 1e300, 10**400, a str)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return ""
+    try:
+        return time.strftime(" since %H:%M:%S", time.localtime(value))
+    except (OverflowError, ValueError, OSError):
+        return ""
 
 
 class DirectoryLock:
@@ -234,9 +262,7 @@ class DirectoryLock:
         if holder is None:
             who = "another process (its lock file cannot be read)"
         else:
-            since = holder.get("since")
-            when = (time.strftime(" since %H:%M:%S", time.localtime(since))
-                    if isinstance(since, (int, float)) else "")
+            when = _since(holder.get("since"))
             who = f"process {holder['pid']} on host {holder['host']!r}{when}"
         doing = (
             "is training with a Checkpoint there" if holder is not None

@@ -23,7 +23,9 @@ import torch
 
 # as_float and finite_number live in the lower layer (ampnet.validation, whose
 # type_mismatch needs them) and are re-exported here for the field checks
-from ampnet.validation import MAX_DEPTH, as_float, describe, finite_number, is_number, tensor_problem
+from ampnet.io.structure import brief as describe
+from ampnet.io.structure import check_structure
+from ampnet.validation import MAX_DEPTH, as_float, finite_number, is_number, tensor_problem
 
 __all__ = ["as_float", "finite_number", "unusable_value", "check_values"]
 
@@ -85,14 +87,28 @@ def unusable_value(data: Any, limit: int = MAX_DEPTH) -> tuple[str, str] | None:
     return None
 
 
-def check_values(data: Any, source: str) -> Any:
-    """``data``, after :func:`unusable_value` found nothing in it.
+def check_values(data: Any, source: str, size: int | None = None) -> Any:
+    """``data``, after :func:`ampnet.io.structure.check_structure` (no list
+    inside itself, at most one entry per byte of the file, every place of a
+    shared list counted) and :func:`unusable_value` found nothing in it.
+
+    Parameters
+    ----------
+    data : object
+      What the file held.
+
+    source : str
+      How messages name the file.
+
+    size : int or None
+      The file's length in bytes (None: unknown).
 
     Raises
     ------
     ValueError
       Naming ``source``, the field and the value.
     """
+    check_structure(data, source, size)
     found = unusable_value(data)
     if found is not None:
         field, problem = found

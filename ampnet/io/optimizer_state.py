@@ -13,10 +13,10 @@ from typing import Any
 import torch
 
 from ampnet.io.numbers import finite_number
+from ampnet.io.structure import brief as describe
 from ampnet.validation import (
     MAX_DEPTH,
     all_finite,
-    describe,
     is_bool,
     is_int,
     is_number,
@@ -82,6 +82,46 @@ def _state_value_problem(value: Any, param: torch.Tensor, group_numel: int, path
                 return problem
         return None
     return f"{path} = {describe(value)} is not optimizer state"
+
+
+#: Per-parameter state of torch's optimizers that is never negative: second
+#: moments and their maxima (Adam, AdamW, RAdam, NAdam, Adamax's ``exp_inf``),
+#: sums and running means of squares (Adagrad, RMSprop, Adadelta).
+_NON_NEGATIVE = frozenset({"exp_avg_sq", "max_exp_avg_sq", "sum", "square_avg", "acc_delta", "exp_inf"})
+
+
+def _key(pid: Any) -> str:
+    """A state key of the file, as messages show it (bounded)."""
+    return describe(pid, 40, typed=False)
+
+
+def _range_problem(key: str, value: Any, path: str, cls: str) -> str | None:
+    """Why ``value`` of the state ``key`` is one that ``cls`` (of
+    ``torch.optim``) can never hold: a negative second moment, or a
+    ``step`` that is not a whole number >= 0."""
+    if key not in _NON_NEGATIVE and key != "step":
+        return None
+    if isinstance(value, torch.Tensor):
+        if value.is_complex() or value.dtype == torch.bool or not value.numel():
+            return None
+        value = value.detach()
+        negative = value.min().item() < 0  # a reduction: no copy of a large tensor
+        fractional = key == "step" and value.is_floating_point() and bool(
+            (value != value.round()).any()
+        )
+    elif is_number(value) and finite_number(value):
+        negative = value < 0
+        fractional = key == "step" and float(value) != round(float(value))
+    else:
+        return None
+    if key == "step" and (negative or fractional):
+        return f"{path} must be a whole number >= 0 (the steps taken), got {describe(value)}"
+    if negative:
+        return (
+            f"{path} holds negative values, which {cls} never holds (it is a mean or sum of "
+            "squares, or their maximum)"
+        )
+    return None
 
 
 #: Size of each dimension of the scratch parameters of _reference_states.
@@ -313,24 +353,30 @@ def check_optimizer_state(optimizer: torch.optim.Optimizer, state: Any, source: 
     references = _reference_states(optimizer) if not problems else None
     for pid, entry in entries.items():
         if pid not in ids:
-            problems.append(f"state[{pid!r}] belongs to no parameter of param_groups")
+            problems.append(f"state[{_key(pid)}] belongs to no parameter of param_groups")
         elif not (isinstance(entry, Mapping) and all(isinstance(k, str) for k in entry)):
-            problems.append(f"state[{pid!r}] must be a dict with str keys, got {describe(entry)}")
+            problems.append(f"state[{_key(pid)}] must be a dict with str keys, got {describe(entry)}")
         else:
             param, numel, i, j = ids[pid]
-            problem = _state_value_problem(dict(entry), param, numel, f"state[{pid!r}]")
+            problem = _state_value_problem(dict(entry), param, numel, f"state[{_key(pid)}]")
             reference = dict(references[i][j]) if references is not None else {}
             scratch_numel = reference.pop("__numel__", 0)
             for key, ref in reference.items():
                 if problem:
                     break
                 if key not in entry:
-                    problem = f"state[{pid!r}] lacks {key!r}, which {type(optimizer).__name__} needs"
+                    problem = f"state[{_key(pid)}] lacks {key!r}, which {type(optimizer).__name__} needs"
                 else:
                     shape = None
                     if isinstance(ref, torch.Tensor) and ref.dim() > 0:
                         shape = _expected_shape(ref, param, numel, scratch_numel)
-                    problem = _kind_problem(ref, entry[key], f"state[{pid!r}][{key!r}]", shape)
+                    problem = _kind_problem(ref, entry[key], f"state[{_key(pid)}][{key!r}]", shape)
+            if not problem and references is not None:  # torch.optim's own classes
+                for key, value in entry.items():
+                    problem = _range_problem(key, value, f"state[{_key(pid)}][{key!r}]",
+                                             type(optimizer).__name__)
+                    if problem:
+                        break
             if problem:
                 problems.append(problem)
     if not problems and references is not None:

@@ -14,7 +14,8 @@ as untrusted:
 - **A size limit per kind of file** (:mod:`ampnet.io.kinds`): larger files
   are refused before they are read, and no more than the limit is read.
 - **torch files** must be in torch's zip format with every record stored
-  uncompressed, as ``torch.save`` writes them, or in torch's legacy format
+  uncompressed, as ``torch.save`` writes them (and a pickle whose skeleton
+  :func:`ampnet.io.legacy.check_zip_pickle` accepts), or in torch's legacy format
   with every storage it declares held in the file
   (:mod:`ampnet.io.legacy`), so that reading one never allocates more than
   the file's size (a compressed record could expand without bound, a
@@ -33,7 +34,7 @@ import stat
 import zipfile
 from typing import Any, BinaryIO
 
-from ampnet.io.legacy import check_torch_legacy, is_torch_legacy
+from ampnet.io.legacy import check_torch_legacy, check_zip_pickle, is_torch_legacy
 
 __all__ = ["open_untrusted", "read_untrusted", "check_torch_file", "check_torch_zip", "read_error"]
 
@@ -213,6 +214,17 @@ def check_torch_zip(f: BinaryIO, source: str) -> None:
             "expand without bound while it is read. Nothing was loaded. Fix: pass the file "
             "that save_params wrote."
         )
+    for record in records:
+        if record.filename == "data.pkl" or record.filename.endswith("/data.pkl"):
+            try:
+                with zipfile.ZipFile(f) as archive:
+                    data = archive.read(record)
+            except (zipfile.BadZipFile, ValueError, EOFError, OSError, NotImplementedError) as exc:
+                raise ValueError(f"{source} cannot be read as a torch file ({type(exc).__name__}: "
+                                 f"{exc}). Nothing was loaded.") from exc
+            finally:
+                f.seek(0)
+            check_zip_pickle(data, size, source)
 
 
 def check_torch_file(f: BinaryIO, source: str) -> BinaryIO:
