@@ -118,11 +118,11 @@ def test_an_int_beyond_float_range_is_a_value_error_naming_the_parameter(fitted_
     _assert_unchanged(net, before)
 
 
-def test_an_int_beyond_float_range_in_a_grid_search():
+@pytest.mark.parametrize("name", ["gradient_accumulation_steps", "amp_autotune__budget"])
+def test_an_int_beyond_float_range_in_a_grid_search(name):
     X, y = _data()
-    search = GridSearchCV(small_classifier(), {"gradient_accumulation_steps": [10**400]}, cv=2,
-                          error_score="raise")
-    with pytest.raises(ValueError, match=r"gradient_accumulation_steps must be an int >= 1"):
+    search = GridSearchCV(small_classifier(), {name: [10**400]}, cv=2, error_score="raise")
+    with pytest.raises(ValueError, match=rf"^{name} must be"):
         search.fit(X, y)
 
 
