@@ -226,6 +226,11 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
             iterator = steps.flag_last(iterator, self.amp_step_state_)
         return super().run_single_epoch(iterator, training, prefix, step_fn, **fit_params)
 
+    @property
+    def _default_callbacks(self):
+        # train_loss: the mean over the batches whose step was applied (ampnet.step.TrainLoss)
+        return steps.default_callbacks(super()._default_callbacks)
+
     # ---- the training step ----------------------------------------------
 
     def train_step(self, batch: Any, **fit_params: Any) -> dict[str, Any]:
