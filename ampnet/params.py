@@ -50,8 +50,9 @@ PRECISION = "precision"
 #: The module moves to a new precision layout (weights kept); optimizers are
 #: rebuilt where their parameters or their kernel change.
 LAYOUT = "precision layout"
-#: The data-parallel component, rebuilt at once (refused, as by ``initialize()``,
-#: where it cannot be built: ``distributed=True`` without a process group).
+#: The data-parallel component, rebuilt at once where the change turns data
+#: parallelism on or off (refused, as by ``initialize()``, where it cannot be
+#: built: ``distributed=True`` without a process group).
 PARALLEL = "data parallelism"
 
 REBUILDS = (NOTHING, LIVE_SCALER, SCALER, STEP, PRECISION, LAYOUT, PARALLEL)

@@ -25,7 +25,7 @@ from ampnet import step as steps
 from ampnet.exceptions import amp_warn
 from ampnet.net_state import all_or_nothing
 from ampnet.no_effect import warn_ineffective_settings
-from ampnet.parallel import build_parallel
+from ampnet.parallel import build_parallel, rebuild_parallel
 from ampnet.validation import close_names
 from ampnet.params import (
     LAYOUT, LIVE_SCALER, NOTHING, PARALLEL, PARAMS, SCALER, auto_inputs, check, check_all, check_names,
@@ -231,7 +231,7 @@ def set_params(net: "AmpNetMixin", kwargs: dict[str, Any], skorch_set_params: Ca
             net.__dict__.pop("amp_autotune_", None)  # the next fit probes again
         _apply_precision(net, new, sorted(kwargs), checked)
         if PARALLEL in rebuilds(kwargs):  # refused as initialize() refuses it (True without a process group)
-            net.parallel_ = build_parallel(net, net.amp_step_state_.closure)
+            net.parallel_ = rebuild_parallel(net, net.parallel_, net.amp_step_state_.closure)
 
 
 #: Parameters that a fitted net stores for the next fit (no component is rebuilt).

@@ -34,7 +34,8 @@ AMP = {
 
 
 class Poisoned(torch.nn.Module):
-    """Linear model; on the third training forward of rank 0 only, its output becomes inf."""
+    """Linear model; on the third training forward of rank 0 only, its output's gradient becomes
+    inf (a finite loss whose backward pass overflows: the loss scale backs off)."""
 
     def __init__(self):
         super().__init__()
@@ -48,7 +49,8 @@ class Poisoned(torch.nn.Module):
             self.calls += 1
             first_rank = not dist.is_initialized() or dist.get_rank() == 0
             if self.calls == 3 and first_rank and precision == "fp16":
-                out = out * float("inf")
+                out = out.clone()
+                out.register_hook(lambda g: g * float("inf"))
         return out
 
 

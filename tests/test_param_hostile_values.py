@@ -302,3 +302,27 @@ def test_distributed_false_and_auto_are_accepted_on_a_fitted_net():
     net.set_params(distributed="auto")
     net.partial_fit(*_data())
     assert math.isfinite(net.history[-1, "train_loss"])
+
+
+def test_set_params_distributed_builds_the_component_at_once_or_keeps_it(monkeypatch):
+    import torch.distributed as dist
+
+    import ampnet.parallel as ampdist
+
+    built = []
+
+    def fake_init(self, net):  # DistributedDataParallel needs a real process group
+        built.append(net)
+
+    monkeypatch.setattr(ampdist.DataParallel, "__init__", fake_init)
+    net = small_classifier().fit(*_data())
+    assert type(net.parallel_) is ampdist.Parallel  # 'auto' without a process group
+    monkeypatch.setattr(ampdist, "_process_group_ready", lambda: True)
+    monkeypatch.setattr(dist, "get_backend", lambda *a: "gloo")
+    net.set_params(distributed=True)  # built now, as initialize() builds it
+    assert isinstance(net.parallel_, ampdist.DataParallel) and built == [net]
+    current = net.parallel_
+    net.set_params(distributed="auto")  # still on: kept, the module is not wrapped again
+    assert net.parallel_ is current and len(built) == 1
+    net.set_params(distributed=False)
+    assert type(net.parallel_) is ampdist.Parallel
