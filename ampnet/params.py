@@ -30,8 +30,8 @@ from ampnet.precision import validate_scaler_settings
 from ampnet.validation import as_float, describe, exception_text, is_bool, named_with_hints
 
 __all__ = [
-    "Param", "PARAMS", "REBUILDS", "INT_MAX", "check", "check_all", "unreadable", "check_names", "is_auto", "rebuilds", "auto_inputs",
-    "constructor_defaults", "amp_only", "pending_params", "markdown_table",
+    "Param", "PARAMS", "REBUILDS", "INT_MAX", "check", "check_all", "unreadable", "check_names", "is_auto",
+    "rebuilds", "auto_inputs", "constructor_defaults", "amp_only", "pending_params", "markdown_table",
     "NOTHING", "LIVE_SCALER", "SCALER", "STEP", "PRECISION", "LAYOUT", "PARALLEL",
 ]
 
