@@ -19,11 +19,10 @@ import pytest
 import torch
 from sklearn.model_selection import GridSearchCV
 
-from ampnet import AmpNetClassifier
 from ampnet.params import PARAMS, check
 from ampnet.precision import validate_scaler_settings
 from ampnet.validation import describe, exception_text
-from conftest import MLP, small_classifier
+from conftest import small_classifier
 
 NOT_DEVICES = [-1, True, np.True_, 0.5, float("nan"), "meta", torch.device("meta"), 10**30, [0], object()]
 
