@@ -253,7 +253,8 @@ def _nonfinite_before_any_update(history: Any) -> bool:
 
 def nonfinite_loss_message(net: Any) -> str | None:
     """What :meth:`on_train_end` warns about when the last epoch's training
-    loss is NaN or inf; None when it is finite.
+    loss is NaN or inf, or the training loss of one of its batches is (a
+    skipped batch, left out of the epoch's mean); None when all are finite.
 
     The likely cause is read from the record, the evidence considered in
     this order:
@@ -274,9 +275,13 @@ def nonfinite_loss_message(net: Any) -> str | None:
     if not len(net.history):
         return None
     loss = net.history[-1].get("train_loss")
-    if loss is None or math.isfinite(loss):
-        return None
     rows = net.history[-1].get("batches") or []
+    # the epoch's train_loss is the mean over the batches whose step was applied
+    # (ampnet.step.TrainLoss): a skipped batch's own loss tells of a non-finite one
+    batch_losses = [r["train_loss"] for r in rows if "train_loss" in r]
+    nonfinite = sum(1 for x in batch_losses if not math.isfinite(x))
+    if loss is None or (math.isfinite(loss) and not nonfinite):
+        return None
     skipped = [r for r in rows if r.get("step_skipped")]
     causes = Counter(r.get("skip_cause") for r in skipped)
     modules = Counter(r["first_nonfinite"] for r in skipped if r.get("first_nonfinite") is not None)
@@ -285,7 +290,12 @@ def nonfinite_loss_message(net: Any) -> str | None:
     guarded = prec.scaling or prec.settings.skip_nonfinite
     fp16 = prec.enabled and prec.policy.compute_dtype == torch.float16
     state = net.__dict__.get("amp_step_state_")
-    text = f"Training ended with a non-finite training loss (train_loss={loss:g} in the last epoch"
+    if math.isfinite(loss):
+        text = (f"Training ended with a non-finite training loss in {nonfinite} of the last epoch's "
+                f"{len(batch_losses)} training batches (train_loss={loss:g} is the mean over the batches "
+                "whose step was applied")
+    else:
+        text = f"Training ended with a non-finite training loss (train_loss={loss:g} in the last epoch"
     if guarded:
         listed = ", ".join(f"{n} {c}" for c, n in causes.most_common() if c)
         text += f"; {len(skipped)} of its {len(rows)} batches skipped their step{': ' + listed if listed else ''}"

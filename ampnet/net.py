@@ -37,7 +37,7 @@ from ampnet.exceptions import amp_warn
 from ampnet.warning_site import SITE_ATTRIBUTE, user_site
 from ampnet.flight import nonfinite_loss_message
 from ampnet.net_repr import add_amp_params
-from ampnet.output_checks import check_loss_inputs, check_loss_value
+from ampnet.output_checks import check_loss_inputs, check_loss_value, probabilities_summing_to_one
 from ampnet.user_inputs import prepare_fit_inputs, prepare_input
 from ampnet.conversion import ConversionMixin
 from ampnet.io.persistence import PersistenceMixin
@@ -226,6 +226,11 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
             iterator = steps.flag_last(iterator, self.amp_step_state_)
         return super().run_single_epoch(iterator, training, prefix, step_fn, **fit_params)
 
+    @property
+    def _default_callbacks(self):
+        # train_loss: the mean over the batches whose step was applied (ampnet.step.TrainLoss)
+        return steps.default_callbacks(super()._default_callbacks)
+
     # ---- the training step ----------------------------------------------
 
     def train_step(self, batch: Any, **fit_params: Any) -> dict[str, Any]:
@@ -330,6 +335,12 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
                 if prec.enabled and error is not None:
                     raise error from exc
                 raise
+
+    def predict_proba(self, X):
+        """skorch's ``predict_proba``; for a classifier whose softmax ran in
+        bfloat16 or float16, rows renormalized to sum to 1 within float32's
+        precision (:func:`ampnet.output_checks.probabilities_summing_to_one`)."""
+        return probabilities_summing_to_one(self, super().predict_proba(X))
 
     def get_loss(self, y_pred, y_true, X=None, training=False):
         """Loss in the precision context (from the float32 outputs of :meth:`infer`).

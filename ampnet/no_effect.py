@@ -24,6 +24,7 @@ import torch
 
 from ampnet.exceptions import amp_warn
 from ampnet.params import PARAMS, amp_only, check, is_auto
+from ampnet.validation import describe
 
 __all__ = ["ineffective_settings", "warn_ineffective_settings", "is_default"]
 
@@ -52,7 +53,7 @@ def is_default(net: Any, name: str) -> bool:
         except (ValueError, TypeError):
             return False
     if isinstance(value, str) and isinstance(default, str):
-        return value.strip().lower() == default
+        return str.lower(str.strip(value)) == default
     try:
         return type(value) is type(default) and bool(value == default)
     except Exception:  # values without a plain == (arrays, tensors)
@@ -60,7 +61,12 @@ def is_default(net: Any, name: str) -> bool:
 
 
 def _setting(name: str, value: Any) -> str:
-    text = value.__name__ if isinstance(value, type) else repr(value)
+    if isinstance(value, type):
+        return f"{name}={value.__name__}"
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - a value whose __repr__ raises
+        text = describe(value)
     return f"{name}={text}"
 
 

@@ -38,13 +38,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 from skorch.classifier import NeuralNetClassifier
 
+from ampnet.dtypes import LOW_PRECISION_DTYPES
 from ampnet.exceptions import amp_warn
 from ampnet.user_inputs import check_target_shape
 
-__all__ = ["check_loss_inputs", "check_loss_value", "PROBABILITY_TOLERANCE", "SOFTMAX_TOLERANCE"]
+__all__ = ["check_loss_inputs", "check_loss_value", "probabilities_summing_to_one", "PROBABILITY_TOLERANCE",
+           "SOFTMAX_TOLERANCE"]
 
 #: How far a row of probabilities may sum from 1 (float16 and bfloat16
 #: softmax outputs sum to 1 within a few 1e-3).
@@ -175,3 +178,48 @@ def check_loss_value(net: Any, loss: Any) -> None:
         "criterion's forward return the loss tensor (e.g. 'return loss', not 'return loss, "
         "parts'; torch operations, not Python numbers), or override get_loss to pick it."
     )
+
+
+# ---- predict_proba of a low-precision softmax ------------------------------------------------
+
+#: Rows that already sum to 1 within this are left as they are (a float32 softmax, AMP off).
+_FLOAT32_SUM = 1e-6
+
+
+def probabilities_summing_to_one(net: Any, proba: Any) -> Any:
+    """``predict_proba``'s rows renormalized to sum to 1 (in float64, cast
+    back to their dtype) where a classifier's module computed its softmax in
+    low precision.
+
+    scikit-learn's convention is class probabilities whose rows sum to 1
+    (calibration and ``log_loss`` rely on it); a softmax computed in
+    bfloat16 or float16 (a ``torch.nn.Softmax`` or ``torch.softmax`` at the
+    end of the module, under autocast or in ``amp_level='pure'``) is
+    rounded to 8 or 11 significant bits, so its float32 rows sum to 1 only
+    within about 4e-3 (bfloat16) or 5e-4 (float16). Dividing each row by
+    its sum (in float64) restores it to float32's precision without
+    changing the ranking of the classes (``predict`` is unchanged).
+
+    Only where every condition holds: ``net`` is a classifier
+    (``NeuralNetClassifier``; binary classifiers' rows already sum to 1)
+    training with AMP in a low-precision dtype; ``proba`` is a 2-D float
+    array with at least two columns, finite and non-negative; and its rows
+    sum to 1 within the rounding of that dtype (its ``eps``), but not all
+    within float32's (1e-6). Anything else (AMP off, logits, log-probabilities,
+    rows already summing to 1) is returned unchanged, as the same object.
+    """
+    if not isinstance(net, NeuralNetClassifier) or not isinstance(proba, np.ndarray):
+        return proba
+    prec = net.__dict__.get("precision_")
+    dtype = getattr(getattr(prec, "policy", None), "compute_dtype", None)
+    if not (getattr(prec, "enabled", False) and dtype in LOW_PRECISION_DTYPES):
+        return proba
+    if proba.ndim != 2 or proba.shape[1] < 2 or proba.shape[0] == 0 or proba.dtype.kind != "f":
+        return proba
+    if not np.isfinite(proba).all() or (proba < 0).any():
+        return proba
+    sums = proba.sum(axis=1, dtype=np.float64)
+    off = float(np.abs(sums - 1.0).max())
+    if off <= _FLOAT32_SUM or off > torch.finfo(dtype).eps:
+        return proba
+    return (proba / sums[:, None]).astype(proba.dtype, copy=False)

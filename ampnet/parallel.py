@@ -31,7 +31,7 @@ from torch.utils.data import DistributedSampler
 
 from ampnet.params import check
 
-__all__ = ["Parallel", "DataParallel", "build_parallel"]
+__all__ = ["Parallel", "DataParallel", "build_parallel", "rebuild_parallel"]
 
 _RANK0_ONLY = (PrintLog, ProgressBar, SkorchCheckpoint, SkorchTrainEndCheckpoint)
 
@@ -298,3 +298,23 @@ def build_parallel(net: Any, closure: bool) -> Parallel:
             "or freeze them."
         )
     return DataParallel(net)
+
+
+def rebuild_parallel(net: Any, current: Parallel, closure: bool) -> Parallel:
+    """The data-parallel component after ``set_params`` changed
+    ``distributed`` on a fitted net: ``current`` where the new value keeps
+    data parallelism as it is (on with a process group, or off), so that no
+    rank wraps the module again; else a new one, refused as
+    :func:`build_parallel` refuses it at ``initialize()`` (``True`` without
+    a process group).
+
+    Raises
+    ------
+    ValueError
+      As :func:`build_parallel`.
+    """
+    mode = check("distributed", net.distributed)
+    on = _process_group_ready() if mode == "auto" else mode
+    if bool(on) == isinstance(current, DataParallel) and (not on or _process_group_ready()):
+        return current
+    return build_parallel(net, closure)

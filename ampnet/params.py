@@ -28,11 +28,11 @@ import torch
 
 from ampnet.precision import GradScaler, check_device, dtype_name, parse_amp_dtype, parse_selectors
 from ampnet.precision import validate_scaler_settings
-from ampnet.validation import describe, is_bool, named_with_hints
+from ampnet.validation import as_float, describe, exception_text, is_bool, named_with_hints
 
 __all__ = [
-    "Param", "PARAMS", "REBUILDS", "check", "check_all", "check_names", "is_auto", "rebuilds", "auto_inputs",
-    "constructor_defaults", "amp_only", "pending_params", "markdown_table",
+    "Param", "PARAMS", "REBUILDS", "INT_MAX", "check", "check_all", "unreadable", "check_names", "is_auto",
+    "rebuilds", "auto_inputs", "constructor_defaults", "amp_only", "pending_params", "markdown_table",
     "NOTHING", "LIVE_SCALER", "SCALER", "STEP", "PRECISION", "LAYOUT", "PARALLEL",
 ]
 
@@ -51,7 +51,9 @@ PRECISION = "precision"
 #: The module moves to a new precision layout (weights kept); optimizers are
 #: rebuilt where their parameters or their kernel change.
 LAYOUT = "precision layout"
-#: The data-parallel component, built at the next ``initialize()``.
+#: The data-parallel component, rebuilt at once where the change turns data
+#: parallelism on or off (refused, as by ``initialize()``, where it cannot be
+#: built: ``distributed=True`` without a process group).
 PARALLEL = "data parallelism"
 
 REBUILDS = (NOTHING, LIVE_SCALER, SCALER, STEP, PRECISION, LAYOUT, PARALLEL)
@@ -112,7 +114,7 @@ def _choice(name: str, choices: tuple[Any, ...], fix: str, error: type = ValueEr
         if is_bool(value) and any(c is True or c is False for c in choices):
             return bool(value)
         if isinstance(value, str):
-            key = value.strip().lower()
+            key = str.lower(str.strip(value))  # str's own methods: a str subclass may override them
             for c in choices:
                 if isinstance(c, str) and c == key:
                     return c
@@ -121,13 +123,28 @@ def _choice(name: str, choices: tuple[Any, ...], fix: str, error: type = ValueEr
     return check
 
 
+#: The largest int a parameter without a bound of its own takes: torch's int64
+#: (a larger one, such as ``10**400``, overflows where it meets a float or a tensor).
+INT_MAX = 2**63 - 1
+
+
 def _int_at_least(name: str, low: int, high: int | None, fix: str, optional: bool = False) -> Callable[[Any], Any]:
+    top = INT_MAX if high is None else high
+
     def check(value: Any) -> Any:
         if optional and value is None:
             return None
-        if isinstance(value, Integral) and not is_bool(value) and low <= value and (high is None or value <= high):
-            return int(value)
-        span = f"an int >= {low}" if high is None else f"an int in [{low}, {high}]"
+        number = None
+        if isinstance(value, Integral) and not is_bool(value):
+            number = int(value)
+            if low <= number <= top:
+                return number
+        if high is not None:
+            span = f"an int in [{low}, {high}]"
+        elif number is not None and number > top:  # 10**400 overflows where it meets a float or a tensor
+            span = f"an int >= {low} and at most 2**63 - 1"
+        else:
+            span = f"an int >= {low}"
         raise _refuse(name, value, ("None or " if optional else "") + span, fix)
 
     return check
@@ -141,7 +158,7 @@ def _number_in(name: str, low: float, high: float, high_open: bool, fix: str) ->
             except OverflowError:
                 x = math.inf
             if low <= x and (x < high if high_open else x <= high):
-                return value
+                return x  # a plain float: the number a subclass holds, read once
         raise _refuse(name, value, f"a number in [{low:g}, {high:g}{')' if high_open else ']'}", fix)
 
     return check
@@ -305,13 +322,53 @@ def check(name: str, value: Any) -> Any:
     ``grad_scaler__*`` setting of another scaler class, checked with that
     class's settings).
 
+    Whatever a hostile value's own methods raise while it is read (a
+    ``__repr__``, ``__float__`` or ``strip`` that raises, an ``OverflowError``)
+    comes out as a ``ValueError`` naming the parameter.
+
     Raises
     ------
     ValueError, TypeError
       Naming the parameter, the value, the valid choices and a fix.
     """
     row = PARAMS.get(name)
-    return value if row is None else row.check(value)
+    if row is None:
+        return value
+    try:
+        return row.check(value)
+    except (ValueError, TypeError) as exc:
+        if _names(exc, name):
+            raise  # the check's own refusal
+        problem: Exception = exc
+    except Exception as exc:  # noqa: BLE001 - raised by the value's own methods
+        problem = exc
+    raise unreadable(name, value, problem) from problem
+
+
+def _names(exc: BaseException, name: str) -> bool:
+    """Whether ``exc``'s message names parameter ``name`` (ampnet's refusals do)."""
+    try:
+        text = str(exc)
+    except Exception:  # noqa: BLE001
+        return False
+    return type(text) is str and name in text
+
+
+def unreadable(name: str, value: Any, exc: BaseException) -> ValueError:
+    """The ``ValueError`` for a value of parameter ``name`` whose own
+    methods raised ``exc`` while ampnet read it: the parameter, the value
+    (:func:`ampnet.validation.describe`, which never raises), what it raised,
+    the parameter's valid values and a fix."""
+    row = PARAMS.get(name)
+    valid = f" {name}: {row.doc}." if row is not None else ""
+    default = f" such as the default {name}={_shown_default(row.default)}" if row is not None else ""
+    return ValueError(
+        f"{name} got {describe(value)}, which raised {exception_text(exc)} when ampnet read it.{valid} "
+        f"Fix: pass a plain value (a bool, int, float, str or None){default}.")
+
+
+def _shown_default(default: Any) -> str:
+    return default.__name__ if isinstance(default, type) else repr(default)
 
 
 def check_all(params: Mapping[str, Any]) -> dict[str, Any]:
@@ -346,7 +403,7 @@ def check_names(prefix: str, given: Mapping[str, Any]) -> None:
 
 def is_auto(value: Any) -> bool:
     """Whether an ``amp_enabled`` value means ``'auto'``."""
-    return isinstance(value, str) and value.strip().lower() == "auto"
+    return isinstance(value, str) and str.lower(str.strip(value)) == "auto"
 
 
 def rebuilds(names: Iterable[str]) -> set[str]:

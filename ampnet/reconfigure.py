@@ -25,11 +25,11 @@ from ampnet import step as steps
 from ampnet.exceptions import amp_warn
 from ampnet.net_state import all_or_nothing
 from ampnet.no_effect import warn_ineffective_settings
-from ampnet.parallel import build_parallel
+from ampnet.parallel import build_parallel, rebuild_parallel
 from ampnet.validation import close_names
 from ampnet.params import (
-    LAYOUT, LIVE_SCALER, NOTHING, PARAMS, SCALER, auto_inputs, check, check_all, check_names, constructor_defaults,
-    is_auto, pending_params, rebuilds,
+    LAYOUT, LIVE_SCALER, NOTHING, PARALLEL, PARAMS, SCALER, auto_inputs, check, check_all, check_names,
+    constructor_defaults, is_auto, pending_params, rebuilds,
 )
 from ampnet.precision import (
     COMPENSATION_KEY, GradScaler, Precision, PrecisionSettings, build_scaler, build_settings, compensation_of,
@@ -250,6 +250,8 @@ def set_params(net: "AmpNetMixin", kwargs: dict[str, Any], skorch_set_params: Ca
         if auto_inputs().intersection(kwargs):
             net.__dict__.pop("amp_autotune_", None)  # the next fit probes again
         _apply_precision(net, new, sorted(kwargs), checked)
+        if PARALLEL in rebuilds(kwargs):  # refused as initialize() refuses it (True without a process group)
+            net.parallel_ = rebuild_parallel(net, net.parallel_, net.amp_step_state_.closure)
 
 
 #: Parameters that a fitted net stores for the next fit (no component is rebuilt).
@@ -276,15 +278,17 @@ def _set_live(net: "AmpNetMixin", own: dict[str, Any]) -> bool:
         current = scaler.get_settings() if isinstance(scaler, GradScaler) else {}
         bounds = {k: current[k] for k in _BOUNDS if k in current and k not in live} if set(live) & set(_BOUNDS) else {}
         validate_scaler_settings(**{**bounds, **live})  # the one check of these values
-    # every value is checked: nothing below can fail, so no snapshot is needed
-    _drop_choice_on_new_probe_settings(net, tuned)
-    net.__dict__.update(own)
-    if isinstance(scaler, GradScaler):
-        scaler.apply_settings(**live)
-    else:  # torch's own scaler: its setters
-        for name, value in live.items():
-            getattr(scaler, f"set_{name}")(value)
-    net.amp_step_state_.scale = None
+    # every value is checked (also as the plain number the scaler keeps); should anything
+    # below raise all the same, the net is put back
+    with all_or_nothing(net):
+        _drop_choice_on_new_probe_settings(net, tuned)
+        net.__dict__.update(own)
+        if isinstance(scaler, GradScaler):
+            scaler.apply_settings(**live)
+        else:  # torch's own scaler: its setters
+            for name, value in live.items():
+                getattr(scaler, f"set_{name}")(value)
+        net.amp_step_state_.scale = None
     return True
 
 

@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 from numbers import Integral
 from typing import Any, Iterable, Iterator, Mapping
 
+import numpy as np
 import torch
 from skorch import NeuralNet
-from skorch.callbacks import LRScheduler
+from skorch.callbacks import LRScheduler, PassthroughScoring
 from skorch.utils import TeeGenerator
 
 from ampnet._tree import has_nonfinite, nonfinite_flag
@@ -37,6 +38,8 @@ __all__ = [
     "record_epoch",
     "SKIP_CAUSES",
     "skip_cause",
+    "TrainLoss",
+    "default_callbacks",
 ]
 
 #: Parameters of the training step.
@@ -63,6 +66,8 @@ class StepState:
     stepped_batch: frozenset = field(default_factory=frozenset)
     stepped_epoch: set = field(default_factory=set)
     losses: list = field(default_factory=list)  # the group's losses, read only when its step is skipped
+    group_rows: list = field(default_factory=list)  # the epoch's batch rows of the current accumulation group
+    skipped_rows: set = field(default_factory=set)  # the epoch's batch rows whose step was skipped (TrainLoss)
     recorder: Any = None  # ampnet.flight.FlightRecorder while an AmpMonitor watches the fit
     check_loss_inputs: bool = True  # the fit's first training batch is checked (output_checks)
     not_probabilities: bool = False  # that check warned: outputs are no probabilities under NLLLoss
@@ -98,6 +103,9 @@ def train_step(net: Any, batch: Any, **fit_params: Any) -> dict[str, Any]:
     state.micro_batches += 1
     step = dict(step, loss=par.mean(step["loss"]))
     state.losses.append(step["loss"].detach())
+    row = _batch_row(net)
+    if row is not None:
+        state.group_rows.append(row)
     if not boundary:
         if prec.scaling or prec.settings.skip_nonfinite:
             # bad data is told apart from an overflow when the step is skipped
@@ -156,15 +164,22 @@ def train_step(net: Any, batch: Any, **fit_params: Any) -> dict[str, Any]:
     # (gradients are synchronized), so par.any runs on all ranks or none
     earlier, state.bad_input = state.bad_input, None
     bad_data = any(skipped) and par.any(has_nonfinite(batch) or (earlier is not None and bool(earlier)))
+    losses, state.losses = state.losses, []
+    rows, state.group_rows = state.group_rows, []
+    # a skipped step's cause (the losses are read only here); the scale moves only on
+    # what it can fix, an overflow in the backward pass: bad data and a loss that the
+    # forward pass already made non-finite keep it
+    cause = skip_cause(bad_data, losses) if any(skipped) else None
+    keep_scale = cause in ("nonfinite_input", "nonfinite_loss")
     if decision:
-        prec.update(keep_scale=bad_data, scale_before=decision.scale_before)
-        state.scale = decision.scale_before if bad_data else decision.scale
+        prec.update(keep_scale=keep_scale, scale_before=decision.scale_before)
+        state.scale = decision.scale_before if keep_scale else decision.scale
     stepped = [name for (name, _, _), skip in zip(active, skipped) if not skip]
     state.stepped_batch = frozenset(stepped)
     state.stepped_epoch.update(stepped)
-    losses, state.losses = state.losses, []
-    if any(skipped):
-        cause = skip_cause(bad_data, losses)
+    if cause is not None:
+        if not stepped:  # no optimizer stepped: left out of the epoch's train_loss (TrainLoss)
+            state.skipped_rows.update(rows)
         net.history.record_batch("skip_cause", cause)
         if recorder is not None:
             recorder.skipped(net, batch, fit_params, cause, decision.scale_before)
@@ -181,6 +196,16 @@ def skip_cause(bad_data: bool, losses: list) -> str:
     if bad_data:
         return "nonfinite_input"
     return "nonfinite_loss" if has_nonfinite(losses) else "overflow"
+
+
+def _batch_row(net: Any) -> int | None:
+    """The index of the current batch's row in the epoch's history (skorch
+    adds it at ``on_batch_begin``); None outside a fit's epoch."""
+    history = net.history
+    if not len(history):
+        return None
+    batches = history[-1].get("batches")
+    return len(batches) - 1 if batches else None
 
 
 def _optimizers_with_grads(net: Any) -> list[tuple[str, torch.optim.Optimizer, list]]:
@@ -281,6 +306,7 @@ def begin_epoch(net: Any) -> None:
     state = net.amp_step_state_
     state.micro_batches, state.epoch_skips, state.stepped_epoch = 0, 0, set()
     state.bad_input, state.losses = None, []
+    state.group_rows, state.skipped_rows = [], set()
 
 
 def record_epoch(net: Any) -> None:
@@ -291,6 +317,47 @@ def record_epoch(net: Any) -> None:
         net.history.record("skipped_steps", state.epoch_skips)
     elif state.epoch_skips:
         net.history.record("skipped_steps", state.epoch_skips)
+
+
+class TrainLoss(PassthroughScoring):
+    """skorch's ``train_loss`` callback (``PassthroughScoring``): the
+    epoch's ``train_loss`` is the mean of the batches' ``train_loss``
+    weighted by ``train_batch_size``, over the batches whose optimizer step
+    was applied.
+
+    A batch whose step was skipped (non-finite gradients: ``step_skipped``,
+    with its ``skip_cause``; with gradient accumulation every micro-batch of
+    the group; with several optimizers, where none of them stepped) keeps
+    its own ``train_loss`` in its batch record and is left out of the mean,
+    so that one non-finite batch does not make the epoch's loss NaN; the
+    epoch's ``skipped_steps`` counts the skipped steps. An epoch without
+    skipped steps, and one without an applied step, get skorch's
+    computation (the mean over all its batches), to the bit.
+    """
+
+    def on_epoch_end(self, net: Any, **kwargs: Any) -> None:
+        state = net.__dict__.get("amp_step_state_") if self.on_train else None
+        left_out = frozenset(state.skipped_rows) if state is not None else frozenset()
+        history = net.history
+        rows = [row for i, row in enumerate(history[-1].get("batches") or [])
+                if i not in left_out and self.name in row] if left_out else []
+        if not rows:  # no step skipped, or none applied: skorch's own computation
+            super().on_epoch_end(net, **kwargs)
+            return
+        score = np.average([row[self.name] for row in rows], weights=[row["train_batch_size"] for row in rows])
+        is_best = self._is_best_score(score)
+        if is_best:
+            self.best_score_ = score
+        history.record(self.name, score)
+        if is_best is not None:
+            history.record(self.name + "_best", bool(is_best))
+
+
+def default_callbacks(callbacks: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """skorch's default callbacks, with :class:`TrainLoss` as ``train_loss``."""
+    return [(name, TrainLoss(name="train_loss", on_train=True)
+             if name == "train_loss" and type(cb) is PassthroughScoring else cb)
+            for name, cb in callbacks]
 
 
 # ---- checks -----------------------------------------------------------------------

@@ -17,7 +17,8 @@ import numpy as np
 import torch
 
 __all__ = [
-    "is_bool", "is_int", "is_number", "as_float", "finite_number", "close_names", "describe", "type_mismatch",
+    "is_bool", "is_int", "is_number", "as_float", "finite_number", "close_names", "describe", "exception_text",
+    "type_mismatch",
     "nesting_depth", "dtype_kind", "tensor_problem", "all_finite", "MAX_DEPTH",
 ]
 
@@ -52,20 +53,60 @@ def close_names(unknown: Any, valid: Any) -> str:
     return f" Did you mean {', '.join(found)}?" if found else ""
 
 
-def describe(value: Any) -> str:
+def describe(value: Any, limit: int = 80) -> str:
     """``repr`` and type of ``value``; a type named like a builtin but from
-    another module is qualified (``np.True_ (numpy.bool)``, not ``(bool)``)."""
+    another module is qualified (``np.True_ (numpy.bool)``, not ``(bool)``).
+
+    Never raises, and the text is at most ``limit`` characters plus the
+    type's name: a value whose ``__repr__`` raises (or returns something
+    that is not a str) is shown by its type alone, an int beyond Python's
+    digit limit for ``str`` by its size.
+    """
     cls = type(value)
-    name = cls.__name__
-    if cls.__module__ != "builtins" and hasattr(builtins, name):
-        name = f"{cls.__module__.split('.')[0]}.{name}"
+    name = _type_name(cls)
     try:
         text = repr(value)
-    except ValueError:  # an int beyond Python's digit limit for str (sys.set_int_max_str_digits)
-        text = f"<an int of {value.bit_length()} bits>" if isinstance(value, int) else "<no repr>"
-    if len(text) > 80:
-        text = text[:77] + "..."
+    except Exception as exc:  # an int beyond the digit limit (ValueError), a hostile __repr__
+        if isinstance(value, int) and isinstance(exc, ValueError):
+            text = f"<an int of {int.bit_length(value)} bits>"
+        else:
+            text = f"<a {name} whose repr raised {_type_name(type(exc))}>"
+    if not isinstance(text, str) or type(text) is not str:  # a str subclass may be hostile too
+        text = str.__str__(text) if isinstance(text, str) else "<no repr>"
+    if len(text) > limit:
+        text = text[:limit - 3] + "..."
     return f"{text} ({name})"
+
+
+def _type_name(cls: type) -> str:
+    """``cls``'s name, qualified by its package where a builtin has the
+    same name; never raises (a class may define odd ``__module__`` or
+    ``__name__`` attributes)."""
+    try:
+        name = type.__dict__["__name__"].__get__(cls)
+        module = type.__dict__["__module__"].__get__(cls)
+        if isinstance(module, str) and module != "builtins" and hasattr(builtins, name):
+            name = f"{module.split('.')[0]}.{name}"
+        return name
+    except Exception:
+        return "object"
+
+
+def exception_text(exc: BaseException, limit: int = 120) -> str:
+    """``'RuntimeError: boom'`` for an exception, bounded to ``limit``
+    characters; never raises (an exception raised by a hostile value may
+    have a hostile ``__str__``)."""
+    name = _type_name(type(exc))
+    try:
+        text = str(exc)
+        if type(text) is not str:
+            text = ""
+    except Exception:
+        text = ""
+    text = " ".join(text.split())
+    if len(text) > limit:
+        text = text[:limit - 3] + "..."
+    return f"{name}: {text}" if text else name
 
 
 def is_number(value: Any) -> bool:

@@ -71,12 +71,14 @@ def test_auto_keeps_the_overflowing_layer_in_float32(data):
     assert auto.history[:, "skipped_steps"][1:] == [0, 0, 0]
     accuracy = (auto.predict(X) == y).mean()
     assert abs(accuracy - (fp32.predict(X) == y).mean()) <= 0.005 and accuracy > 0.9
-    # without it, every step overflows and the scale collapses to its minimum
+    # without it, every forward pass overflows and every step is skipped; the loss scale, which
+    # cannot fix a forward overflow, is kept
     plain = make(**FP16, amp_max_consecutive_skips=None, grad_scaler__init_scale=256.0)
     with pytest.warns(AmpWarning, match=r"non-finite training loss.*float16 overflow.*amp_fp32_modules"):
         plain.fit(X, y)
     assert plain.history[:, "skipped_steps"] == [8, 8, 8, 8]
-    assert plain.history[-1, "loss_scale"] == plain.grad_scaler_.get_settings()["min_scale"] == 1.0
+    assert {b["skip_cause"] for b in plain.history[-1, "batches"]} == {"nonfinite_loss"}
+    assert plain.history[:, "loss_scale"] == [256.0] * 4
 
 
 def test_the_probe_changes_nothing(data):

@@ -78,9 +78,16 @@ def test_cuda_index_beyond_the_devices_without_a_gpu(monkeypatch):
         check_device("cuda:3")
 
 
-@pytest.mark.parametrize("device", ["cpu", torch.device("cpu"), None, "meta"])
+@pytest.mark.parametrize("device", ["cpu", torch.device("cpu"), None])
 def test_available_devices_pass(device):
     check_device(device)
+
+
+@pytest.mark.parametrize("device", ["meta", torch.device("meta")])
+def test_the_meta_device_is_refused(device):
+    # it holds no values: a module there can be neither trained nor asked for predictions
+    with pytest.raises(ValueError, match=r"device=.*meta.* is torch's device without data"):
+        check_device(device)
 
 
 @pytest.mark.slow

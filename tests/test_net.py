@@ -346,19 +346,25 @@ def test_fp16_clipping_matches_fp32(classifier_data, clipper):
 
 
 class InfAt(torch.nn.Module):
-    """MLP whose output becomes inf on chosen training forward calls."""
+    """MLP whose output (``backward=False``) or whose output's gradient
+    (``backward=True``: a finite loss, a backward-pass overflow) becomes inf
+    on chosen training forward calls."""
 
-    def __init__(self, bad_calls=(2,)):
+    def __init__(self, bad_calls=(2,), backward=False):
         super().__init__()
         self.lin = torch.nn.Linear(20, 2)
         self.bad_calls = set(bad_calls)
+        self.backward = backward
         self.calls = 0
 
     def forward(self, X):
         out = self.lin(X)
         if self.training:
             self.calls += 1
-            if self.calls in self.bad_calls:
+            if self.calls in self.bad_calls and self.backward:
+                out = out.clone()
+                out.register_hook(lambda g: g * float("inf"))
+            elif self.calls in self.bad_calls:
                 out = out * float("inf")
         return torch.softmax(out, dim=-1)
 
@@ -376,11 +382,10 @@ class Snapshots(Callback):
 def test_injected_inf_skips_step_atomically_and_halves_scale(classifier_data):
     X, y = classifier_data[0][:64], classifier_data[1][:64]
     snaps = Snapshots()
-    net = AmpNetClassifier(InfAt, module__bad_calls=(3,), amp_enabled=True, amp_dtype="fp16",
-                           grad_scaler__init_scale=1024.0, max_epochs=1, batch_size=16, lr=0.1,
+    net = AmpNetClassifier(InfAt, module__bad_calls=(3,), module__backward=True, amp_enabled=True,
+                           amp_dtype="fp16", grad_scaler__init_scale=1024.0, max_epochs=1, batch_size=16, lr=0.1,
                            train_split=None, verbose=0, callbacks=[snaps])
-    with pytest.warns(AmpWarning, match="non-finite training loss"):  # the injected inf
-        fit_quiet(net, X, y)
+    fit_quiet(net, X, y)  # the injected inf in the backward pass: an overflow, the scale backs off
     batches = net.history[-1, "batches"]
     assert [b["step_skipped"] for b in batches] == [False, False, True, False]
     assert [b["loss_scale"] for b in batches] == [1024.0, 1024.0, 512.0, 512.0]

@@ -28,13 +28,17 @@ def fit_quiet(net, X, y):
 
 
 class Logits(torch.nn.Module):
-    """Linear model, optionally turning inf on chosen training forward calls."""
+    """Linear model, optionally turning inf on chosen training forward calls
+    (``bad_calls``: the loss is not finite, a forward-pass overflow) or in the
+    gradients of chosen calls (``bad_grad_calls``: a finite loss whose
+    backward pass overflows)."""
 
-    def __init__(self, bad_calls=(), n_in=20):
+    def __init__(self, bad_calls=(), n_in=20, bad_grad_calls=()):
         super().__init__()
         self.hidden = torch.nn.Linear(n_in, 8)
         self.out = torch.nn.Linear(8, 2)
         self.bad_calls = set(bad_calls)
+        self.bad_grad_calls = set(bad_grad_calls)
         self.calls = 0
 
     def forward(self, X):
@@ -43,6 +47,9 @@ class Logits(torch.nn.Module):
             self.calls += 1
             if self.calls in self.bad_calls:
                 out = out * float("inf")
+            if self.calls in self.bad_grad_calls:
+                out = out.clone()
+                out.register_hook(lambda g: g * float("inf"))
         return out
 
 
@@ -179,7 +186,7 @@ def test_multiple_criteria_share_one_scaler(classifier_data):
         fit_quiet(net, X, y)
     assert "criterion2" in net._criteria
     assert [b["step_skipped"] for b in net.history[-1, "batches"]] == [False, True, False, False]
-    assert net.grad_scaler_.get_scale() == 32.0
+    assert net.grad_scaler_.get_scale() == 64.0  # a forward-pass overflow keeps the scale
     assert all(torch.isfinite(p).all() for p in net.module_.parameters())
 
 
@@ -240,10 +247,9 @@ def test_500_overflows_keep_scale_at_minimum_and_weights_finite(classifier_data)
     rng = np.random.RandomState(0)
     X = rng.randn(1004, 4).astype(np.float32)  # 502 batches: 500 bad, 2 good
     y = (X[:, 0] > 0).astype(np.int64)
-    net = AmpNetClassifier(**net_kw(module__n_in=4, module__bad_calls=range(1, 501), batch_size=2,
+    net = AmpNetClassifier(**net_kw(module__n_in=4, module__bad_grad_calls=range(1, 501), batch_size=2,
                                     amp_enabled=True, amp_dtype="fp16", amp_max_consecutive_skips=None))
-    with nan_loss_warned():
-        fit_quiet(net, X, y)
+    fit_quiet(net, X, y)
     scales = [b["loss_scale"] for b in net.history[-1, "batches"]]
     assert scales[499] == 1.0 and min(scales) == 1.0
     assert net.history[-1, "skipped_steps"] == 500
@@ -318,8 +324,8 @@ def test_nonfinite_step_is_skipped_and_recorded(classifier_data, device_dtype):
     assert [b.get("step_skipped", False) for b in batches] == [False, True, False, False]
     assert net.history[-1, "skipped_steps"] == 1
     assert all(torch.isfinite(p).all() for p in net.module_.parameters())
-    if device_dtype.low:  # float16: an overflow, the scale backs off; bfloat16: no scaling
-        assert net.history[-1, "loss_scale"] == (256.0 if device_dtype.scaled else 1.0)
+    if device_dtype.low:  # float16: a forward-pass overflow keeps the scale; bfloat16: no scaling
+        assert net.history[-1, "loss_scale"] == (512.0 if device_dtype.scaled else 1.0)
 
 
 def test_without_guard_nonfinite_gradients_reach_the_weights(classifier_data):
@@ -349,13 +355,12 @@ def test_amp_off_guard_skips_and_warns(classifier_data):
 
 def test_printlog_shows_scale_and_skips(classifier_data, capsys):
     X, y = classifier_data[0][:32], classifier_data[1][:32]
-    net = AmpNetClassifier(**net_kw(module__bad_calls=(2,), amp_enabled=True, amp_dtype="fp16",
+    net = AmpNetClassifier(**net_kw(module__bad_grad_calls=(2,), amp_enabled=True, amp_dtype="fp16",
                                     grad_scaler__init_scale=512.0, verbose=1))
-    with nan_loss_warned():
-        fit_quiet(net, X, y)
+    fit_quiet(net, X, y)
     header, _, row = capsys.readouterr().out.splitlines()[:3]
     assert "loss_scale" in header and "skipped_steps" in header
-    assert "256.0000" in row
+    assert "256.0000" in row  # a backward-pass overflow: the scale backed off
 
 
 def test_amp_monitor_reports_bursts_and_feeds_tensorboard(classifier_data, tmp_path):
@@ -367,11 +372,10 @@ def test_amp_monitor_reports_bursts_and_feeds_tensorboard(classifier_data, tmp_p
     lines = []
     writer = SummaryWriter(log_dir=str(tmp_path))
     monitor = AmpMonitor(burst=3, report_scale_changes=True, sink=lines.append)
-    net = AmpNetClassifier(**net_kw(module__bad_calls=(2, 3, 4), amp_enabled=True, amp_dtype="fp16",
+    net = AmpNetClassifier(**net_kw(module__bad_grad_calls=(2, 3, 4), amp_enabled=True, amp_dtype="fp16",
                                     grad_scaler__init_scale=512.0,
                                     callbacks=[monitor, TensorBoard(writer)]))
-    with nan_loss_warned():
-        fit_quiet(net, X, y)
+    fit_quiet(net, X, y)  # backward-pass overflows: the scale backs off
     writer.flush()
     bursts = [e for e in monitor.events_ if e["kind"] == "burst"]
     assert [e["value"] for e in bursts] == [3]

@@ -10,9 +10,14 @@ devices``). :func:`check_device` raises one clear ``ValueError`` instead, at
 from __future__ import annotations
 
 import importlib.util
+import operator
+from numbers import Integral
 from typing import Any
 
+import numpy as np
 import torch
+
+from ampnet.validation import describe
 
 __all__ = ["check_device"]
 
@@ -55,17 +60,27 @@ def _how_to_get(kind: str, label: str) -> str:
     return f"run on a machine that has {label}"
 
 
-def check_device(device: Any, name: str = "device") -> None:
-    """Raise a ``ValueError`` if ``device`` is not usable on this machine.
+_FIX = "Fix: device='cpu', device='cuda' (or 'cuda:0') for the GPU, or None to leave the module where it is."
+_KINDS = ("None, a device string such as 'cpu', 'cuda', 'cuda:0' or 'mps', a torch.device, or an int >= 0 "
+          "(an accelerator index, as torch.device(0) reads it)")
+#: The largest index torch.device takes (an int64).
+_MAX_INDEX = 2**63 - 1
 
-    ``None`` (skorch's "leave the module where it is"), strings that are not
-    torch devices (skorch hands them to ``.to()``, which a custom module may
-    accept; with AMP on, :func:`ampnet.precision.policy.resolve_precision` refuses
-    them) and devices whose availability torch cannot report are accepted.
+
+def check_device(device: Any, name: str = "device") -> None:
+    """Raise a ``ValueError`` if ``device`` is not a device, or not usable
+    on this machine.
+
+    Accepted: ``None`` (skorch's "leave the module where it is"), strings
+    (also those that are not torch devices: skorch hands them to ``.to()``,
+    which a custom module may accept; with AMP on,
+    :func:`ampnet.precision.policy.resolve_precision` refuses them),
+    ``torch.device`` objects and ints >= 0 (an accelerator index), where the
+    device exists or torch cannot tell.
 
     Parameters
     ----------
-    device : str, torch.device or None
+    device : str, torch.device, int or None
       The net's ``device``.
 
     name : str (default='device')
@@ -74,18 +89,41 @@ def check_device(device: Any, name: str = "device") -> None:
     Raises
     ------
     ValueError
-      ``device`` names a device type that is not available (``'cuda'`` without CUDA, ``'cuda:3'`` on a machine with two
-      GPUs, ``'mps'`` off Apple silicon, ``'xla'`` without ``torch_xla``).
+      ``device`` is of another type (a bool, a float such as ``0.5`` or NaN),
+      a negative or too large int, the ``'meta'`` device (it holds no
+      values: nothing can be trained or predicted there), or a device type
+      that is not available (``'cuda'`` without CUDA, ``'cuda:3'`` on a
+      machine with two GPUs, ``'mps'`` off Apple silicon, ``'xla'`` without
+      ``torch_xla``).
     """
     if device is None:
         return
+    if isinstance(device, str):
+        device = str.__str__(device)  # a str subclass is read as the str it holds
+    elif isinstance(device, Integral) and not isinstance(device, (bool, np.bool_)):
+        try:
+            index = operator.index(device)  # numpy ints too
+        except Exception:  # noqa: BLE001 - a hostile __index__ is refused below
+            index = None
+        if type(index) is not int or not 0 <= index <= _MAX_INDEX:
+            raise ValueError(
+                f"{name} must be {_KINDS}; got {describe(device)}, which is not a device index "
+                f"(an int in [0, 2**63 - 1]). {_FIX}")
+        device = index
+    elif not isinstance(device, torch.device):
+        raise ValueError(f"{name} must be {_KINDS}; got {describe(device)}. {_FIX}")
     try:
         dev = torch.device(device)
-    except (RuntimeError, TypeError):
+    except (RuntimeError, TypeError, ValueError):
         # not a torch device string: skorch passes it to .to(), which custom
         # modules may accept; with AMP on, resolve_precision refuses it
         return
-    if dev.type in ("cpu", "meta"):
+    shown = describe(device)
+    if dev.type == "meta":
+        raise ValueError(
+            f"{name}={shown} is torch's device without data: a module there holds no values, so "
+            f"nothing can be trained or predicted on it. {_FIX}")
+    if dev.type == "cpu":
         return
     ok, count = _available(dev.type)
     label = _NAMES.get(dev.type, dev.type)

@@ -90,7 +90,7 @@ def parse_amp_dtype(amp_dtype: Any) -> torch.dtype | None:
             f"{amp_dtype} set amp_enabled=False instead."
         )
     if isinstance(amp_dtype, str):
-        key = amp_dtype.strip().lower()
+        key = str.lower(str.strip(amp_dtype))
         if key == "auto":
             return None
         if key in DTYPE_ALIASES:

@@ -10,7 +10,8 @@ from typing import Any
 
 import torch
 
-from ampnet.validation import describe, is_bool
+from ampnet.precision.scaler_state import cast_setting
+from ampnet.validation import describe, exception_text, is_bool
 
 __all__ = ["validate_scaler_settings", "validate_scaler_state", "STATE_VERSION", "FLOAT32_TINY", "FLOAT32_MAX"]
 
@@ -58,61 +59,80 @@ def _in_float32_range(value: Any) -> bool:
     return _finite(value) and FLOAT32_TINY <= value <= FLOAT32_MAX
 
 
+def _rule(name: str, value: Any) -> str | None:
+    """Why ``value`` cannot be scaler setting ``name``, or None."""
+    if name in ("init_scale", "min_scale", "max_scale"):
+        if not (_finite(value) and value > 0):
+            return "must be a finite number > 0, e.g. 65536.0"
+        if not _in_float32_range(value):
+            return (f"must lie within float32's normal positive range {_RANGE}, because the "
+                    "scale is a float32 tensor (a smaller value becomes 0, a larger one inf); "
+                    "e.g. 65536.0")
+    elif name == "growth_factor":
+        if not (_finite(value) and value > 1):
+            return "must be a finite number > 1, e.g. 2.0"
+        if value > FLOAT32_MAX:
+            return f"must be at most float32's largest value {FLOAT32_MAX:.8g}, e.g. 2.0"
+    elif name == "backoff_factor":
+        if not (_is_number(value) and 0 < value < 1):
+            return "must be a number in (0, 1), e.g. 0.5"
+        if value < FLOAT32_TINY:
+            return f"must be at least float32's smallest normal value {FLOAT32_TINY:.8g}, e.g. 0.5"
+    elif name in ("growth_interval", "hysteresis"):
+        if not (_is_int(value) and 1 <= value <= _INT32_MAX):
+            return ("must be an int >= 1 and at most 2**31 - 1 (the scaler counts steps in int32 "
+                    "tensors), e.g. 2000 for growth_interval, 1 for hysteresis")
+    elif name in ("enabled", "dynamic"):
+        if not is_bool(value):
+            return "must be True or False"
+    return None
+
+
+#: The settings that :func:`_setting_problems` checks, in the order of its lines.
+_CHECKED = ("init_scale", "min_scale", "max_scale", "growth_factor", "backoff_factor", "growth_interval",
+            "hysteresis", "enabled", "dynamic")
+
+
 def _setting_problems(settings: dict[str, Any], prefix: str, quoted: bool = False) -> list[str]:
     """One line per bad setting: ``{prefix}{name}={value} ({type}): {rule}``
-    (``'{name}' = ...`` when ``quoted``, for the fields of a state)."""
+    (``'{name}' = ...`` when ``quoted``, for the fields of a state).
+
+    A value is checked as given and as the plain Python type the scaler
+    keeps (``float(value)``, ``int(value)``): a number whose conversion
+    raises, or gives a value out of range, is refused here rather than
+    when the scaler takes it. Never raises for a hostile value (one whose
+    comparisons or conversions raise): that is a problem line too.
+    """
     problems = []
+    plain: dict[str, Any] = {}
 
     def bad(name: str, rule: str) -> None:
         label = f"'{name}' = " if quoted else f"{prefix}{name}="
         problems.append(f"{label}{describe(settings[name])}: {rule}")
 
-    for name in ("init_scale", "min_scale", "max_scale"):
+    for name in _CHECKED:
         if name not in settings:
             continue
         value = settings[name]
-        if not (_finite(value) and value > 0):
-            bad(name, "must be a finite number > 0, e.g. 65536.0")
-        elif not _in_float32_range(value):
-            bad(
-                name,
-                f"must lie within float32's normal positive range {_RANGE}, because the "
-                "scale is a float32 tensor (a smaller value becomes 0, a larger one inf); "
-                "e.g. 65536.0",
-            )
-    if "growth_factor" in settings:
-        value = settings["growth_factor"]
-        if not (_finite(value) and value > 1):
-            bad("growth_factor", "must be a finite number > 1, e.g. 2.0")
-        elif value > FLOAT32_MAX:
-            bad("growth_factor", f"must be at most float32's largest value {FLOAT32_MAX:.8g}, e.g. 2.0")
-    if "backoff_factor" in settings:
-        value = settings["backoff_factor"]
-        if not (_is_number(value) and 0 < value < 1):
-            bad("backoff_factor", "must be a number in (0, 1), e.g. 0.5")
-        elif value < FLOAT32_TINY:
-            bad(
-                "backoff_factor",
-                f"must be at least float32's smallest normal value {FLOAT32_TINY:.8g}, e.g. 0.5",
-            )
-    for name in ("growth_interval", "hysteresis"):
-        if name in settings and not (_is_int(settings[name]) and 1 <= settings[name] <= _INT32_MAX):
-            bad(
-                name,
-                "must be an int >= 1 and at most 2**31 - 1 (the scaler counts steps in int32 "
-                "tensors), e.g. 2000 for growth_interval, 1 for hysteresis",
-            )
-    for name in ("enabled", "dynamic"):
-        if name in settings and not is_bool(settings[name]):
-            bad(name, "must be True or False")
-    if not problems and _in_float32_range(settings.get("min_scale")) and _in_float32_range(
-        settings.get("max_scale")
-    ):
-        lo, hi = settings["min_scale"], settings["max_scale"]
+        try:
+            rule = _rule(name, value)
+            if rule is None:
+                converted = cast_setting(name, value)
+                rule = _rule(name, converted)  # the value the scaler keeps
+                if rule is not None:
+                    rule = f"is {converted!r} as the scaler keeps it, which {rule}"
+                plain[name] = converted
+        except Exception as exc:  # noqa: BLE001 - raised by the value's own methods
+            rule = (f"could not be read as a number (it raised {exception_text(exc)}); pass a plain "
+                    "Python or numpy number")
+        if rule is not None:
+            bad(name, rule)
+    if not problems and "min_scale" in plain and "max_scale" in plain:
+        lo, hi = plain["min_scale"], plain["max_scale"]
         p = "" if quoted else prefix
         if lo > hi:
             bad("min_scale", f"must not exceed {p}max_scale={hi!r}")
-        elif _in_float32_range(settings.get("init_scale")) and not lo <= settings["init_scale"] <= hi:
+        elif "init_scale" in plain and not lo <= plain["init_scale"] <= hi:
             bad(
                 "init_scale",
                 f"must lie within [{p}min_scale, {p}max_scale] = [{lo!r}, {hi!r}]; "

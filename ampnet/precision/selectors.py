@@ -22,6 +22,7 @@ from typing import Any, Union
 import torch
 
 from ampnet.exceptions import amp_warn
+from ampnet.validation import describe
 
 __all__ = ["Selector", "parse_selectors", "match_modules", "describe_selector", "AUTO"]
 
@@ -44,7 +45,9 @@ def describe_selector(selector: Selector) -> str:
         return selector.__name__
     if isinstance(selector, re.Pattern):
         return f"re:{selector.pattern}"
-    return repr(selector)
+    if isinstance(selector, str):
+        return repr(str.__str__(selector))  # a str subclass's own __repr__ may raise
+    return describe(selector)
 
 
 def parse_selectors(value: Any, param: str) -> tuple[Selector, ...]:
@@ -73,14 +76,15 @@ def parse_selectors(value: Any, param: str) -> tuple[Selector, ...]:
             or isinstance(item, (str, re.Pattern))
         )
         if not ok:
-            bad.append(f"{item!r} ({type(item).__name__})")
+            bad.append(describe(item))
     if bad:
         raise TypeError(
             f"{param} must be None, a selector or a list of selectors; got invalid "
             f"item(s) {', '.join(bad)}. A selector is {_KINDS}. Fix: e.g. "
             f"{param}=[torch.nn.LayerNorm, 'head.*']."
         )
-    return tuple(items)
+    # a str subclass is read as the str it holds (its own methods may raise)
+    return tuple(str.__str__(item) if isinstance(item, str) else item for item in items)
 
 
 def _matches(selector: Selector, name: str, module: torch.nn.Module) -> bool:
