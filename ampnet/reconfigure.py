@@ -293,10 +293,10 @@ def _set_live(net: "AmpNetMixin", own: dict[str, Any]) -> bool:
 
 
 def _drop_choice_on_new_probe_settings(net: "AmpNetMixin", tuned: Mapping[str, Any]) -> None:
-    """A change of the probe's settings (``amp_autotune__*``, e.g. the
-    budget that a too-short fit's note suggests) asks for a new
-    measurement: the choice is dropped, and the next fit of an ``'auto'``
-    net probes again. Setting a value it already has changes nothing."""
+    """A change of ``amp_enabled='auto'``'s settings (``amp_autotune__*``)
+    asks for a new choice: it is dropped, and the next fit of an ``'auto'``
+    net reads the cache or measures again. Setting a value it already has
+    changes nothing."""
     current = net.get_params_for("amp_autotune")
     if any(current.get(name, PARAMS[f"amp_autotune__{name}"].default) != value for name, value in tuned.items()):
         net.__dict__.pop("amp_autotune_", None)

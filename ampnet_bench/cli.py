@@ -115,8 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "resnet.widths=32-64-128-256 (sizes: "
                         + "; ".join(f"{w}: {', '.join(full)}" for w, (full, _) in MODEL_DIMS.items()) + ")")
     p.add_argument("--auto-fit-epochs", type=_positive_int, default=AUTO_FIT_EPOCHS, metavar="N",
-                   help="the fit amp_enabled='auto' is told it runs (max_epochs; its probe's budget is a "
-                        "share of it); its run stops after the warm-up and measured epochs "
+                   help="the fit amp_enabled='auto' runs as (max_epochs; the report spreads its measuring "
+                        "cost over as many epochs); its run stops after the warm-up and measured epochs "
                         f"(default: {AUTO_FIT_EPOCHS})")
     p.add_argument("--quick", action="store_true",
                    help="tiny sizes and few rounds: a smoke test whose timings are not comparable "

@@ -31,7 +31,7 @@ ISOLATION = ("auto", "process", "inprocess")
 
 
 #: The fit that ``amp_enabled='auto'`` is measured for, in epochs (``BenchConfig.auto_fit_epochs``):
-#: issue 27's target spreads its probe over a 10-epoch fit.
+#: the docs' target spreads its measuring cost over a 10-epoch fit.
 AUTO_FIT_EPOCHS = 10
 
 
@@ -95,10 +95,8 @@ class BenchConfig:
       in quick mode, process otherwise.
 
     auto_fit_epochs : int
-      The fit that ``amp_enabled='auto'``'s net is told it runs
-      (``max_epochs``): its probe's budget (``amp_autotune__budget``) is a
-      share of that fit, and the report spreads its probe over as many
-      epochs. The run stops after ``warmup + epochs`` of them, as
+      The fit that ``amp_enabled='auto'``'s net runs as (``max_epochs``):
+      the report spreads its measuring cost over as many epochs. The run stops after ``warmup + epochs`` of them, as
       skorch's ``EarlyStopping`` stops a fit.
 
     dims : tuple of (str, str)

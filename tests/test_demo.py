@@ -85,11 +85,11 @@ def test_demo_times_each_fit_after_an_untimed_warm_up(capsys, monkeypatch):
     fits = []
     real_fit = AmpNetClassifier.fit
 
-    budgets = []
+    settings = []
 
     def fit(self, X, y=None, **kw):
         fits.append((self.amp_enabled, len(X)))
-        budgets.append(self.get_params().get("amp_autotune__steps", "default"))
+        settings.append(self.get_params().get("amp_autotune__steps", "default"))
         return real_fit(self, X, y, **kw)
 
     monkeypatch.setattr(AmpNetClassifier, "fit", fit)
@@ -102,7 +102,7 @@ def test_demo_times_each_fit_after_an_untimed_warm_up(capsys, monkeypatch):
     n = fits[-1][1]
     assert fits[:2] == [(False, demo.WARM_UP_ROWS), (True, demo.WARM_UP_ROWS)]
     assert [f[0] for f in fits[2:]] == [False, True, "auto"] and all(f[1] == n > demo.WARM_UP_ROWS for f in fits[2:])
-    assert budgets[-1] == "default" and fits[-1][0] == "auto"  # auto as a user writes it
+    assert settings[-1] == "default" and fits[-1][0] == "auto"  # auto as a user writes it
     done = [line for line in out if line.startswith("[")]
     assert all(re.search(r"done in \d+\.\d+ s \(the fit: 2 epochs", line) for line in done), done
     assert "of measuring steps included" in done[2] and "measuring" not in done[0] + done[1]

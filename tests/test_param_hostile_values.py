@@ -105,7 +105,7 @@ def test_an_index_is_an_accelerator_that_the_machine_lacks(device):
 @pytest.mark.parametrize("name, fix", [
     ("gradient_accumulation_steps", r"an int >= 1 and at most 2\*\*63 - 1"),
     ("amp_max_consecutive_skips", r"None or an int >= 1 and at most 2\*\*63 - 1"),
-    ("amp_autotune__budget", r"None or a number in \(0, 1\]"),
+    ("amp_autotune__margin", r"a number in \[0, 1\)"),
 ])
 def test_an_int_beyond_float_range_is_a_value_error_naming_the_parameter(fitted_state, name, fix):
     with pytest.raises(ValueError, match=rf"^{name} must be {fix}; got 1000.*\.\.\. \(int\)"):
@@ -117,7 +117,7 @@ def test_an_int_beyond_float_range_is_a_value_error_naming_the_parameter(fitted_
     _assert_unchanged(net, before)
 
 
-@pytest.mark.parametrize("name", ["gradient_accumulation_steps", "amp_autotune__budget"])
+@pytest.mark.parametrize("name", ["gradient_accumulation_steps", "amp_autotune__margin"])
 def test_an_int_beyond_float_range_in_a_grid_search(name):
     X, y = _data()
     search = GridSearchCV(small_classifier(), {name: [10**400]}, cv=2, error_score="raise")
