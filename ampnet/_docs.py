@@ -15,8 +15,8 @@ AMP_DOC = """
       ``amp_autotune__cache=False`` turns it off), so later fits start
       with it. The record is the fitted attribute ``amp_autotune_``
       (``AmpNet(**net.amp_autotune_.params)`` pins the choice); the
-      settings (``amp_autotune__steps``, ``__warmup``, ``__margin``,
-      ``__cache``, ``__timer``) are described in ``ampnet.auto``. With False the net
+      settings (``amp_autotune__steps``, ``__warmup``, ``__min_steps``,
+      ``__margin``, ``__cache``, ``__timer``) are described in ``ampnet.auto``. With False the net
       trains as the skorch net it replaces, bitwise, except that a step
       with non-finite gradients is skipped (see ``amp_skip_nonfinite``).
       With AMP on, a ``torch.optim`` optimizer whose kernel is not set

@@ -33,7 +33,7 @@ AMP = {
     "compensated": dict(amp_enabled=True, amp_dtype="bfloat16", amp_level="pure",
                         amp_master_weights="compensated"),
     "off": dict(amp_enabled=False),
-    "auto": dict(amp_enabled="auto", amp_autotune__cache=False, amp_autotune__warmup=0,
+    "auto": dict(amp_enabled="auto", amp_autotune__cache=False, amp_autotune__warmup=0, amp_autotune__min_steps=0,
                  amp_autotune__timer=lambda params, s: (0.5 if rank == 0 else 2.0) if params["amp_enabled"] else 1.0),
 }[precision]
 if precision == "auto":  # it measures bfloat16 on any CPU (tests/conftest.py's native_bf16, in this process)

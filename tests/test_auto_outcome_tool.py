@@ -80,6 +80,8 @@ def test_summary_and_table_from_made_up_numbers():
     assert row["faster"] == "True" and row["true_false_differ"] == pytest.approx(1.0)
     assert row["right_choice"] is True and row["wrong_choices"] == 0 and row["auto_fits"] == 6
     assert row["rss_ratio"] == pytest.approx(1.06) and row["rss_meets"] is False  # median of 1.1 x3, 1.02 x3
+    assert row["rss_cold"] == pytest.approx(1.1) and row["rss_cold_meets"] is False
+    assert row["rss_warm"] == pytest.approx(1.02) and row["rss_warm_meets"] is True
     assert row["aa_spread"] == pytest.approx(0.02)
     text = ao.markdown(rows, MACHINE, threads=2)
     lines = text.splitlines()

@@ -47,7 +47,8 @@ class Timer:
 def kw(**extra):
     base = dict(module=Logits, criterion=torch.nn.CrossEntropyLoss, optimizer=torch.optim.Adam,
                 max_epochs=2, lr=0.05, batch_size=16, train_split=None, verbose=0,
-                iterator_train__shuffle=True, amp_enabled="auto")
+                iterator_train__shuffle=True, amp_enabled="auto",
+                amp_autotune__min_steps=0)  # these fits of 8 steps measure, as longer ones do
     base.update(extra)
     return base
 
@@ -177,13 +178,54 @@ def test_gradient_accumulation_measures_whole_steps(data, native_bf16):
     assert {float(st["step"]) for st in net.optimizer_.state.values()} == {4.0}
 
 
-def test_a_fit_too_short_to_measure_decides_from_the_device(data, native_bf16):
+def test_a_fit_too_short_to_measure_decides_without_a_training_step(data, native_bf16):
+    from ampnet.auto import cache
+    from ampnet.auto.enabled import device_choice
+
     timer = Timer()
     net = fit((data[0][:32], data[1][:32]), max_epochs=1, amp_autotune__timer=timer)  # 2 steps
     result = net.amp_autotune_
-    assert timer.calls == [] and result.source == "device" and result.params == FLOAT32
-    assert "this fit has 2 training steps, fewer than the 4 a measurement needs" in result.note
-    assert "on a CPU, float32" in str(result)
+    assert timer.calls == [] and result.source == "device" and result.steps_run == []
+    assert "this fit has 2 training steps, fewer than the 4 a measurement takes here" in result.note
+    candidates = [FLOAT32, BF16_MIXED]
+    expected, why = device_choice(candidates, torch.device("cpu"), cache.machine(torch.device("cpu")))
+    assert result.params == expected and why in result.note
+    # and by default a fit shorter than 32 steps does not measure either: 8 steps here
+    assert fit(data, amp_autotune__min_steps=32, amp_autotune__timer=timer).amp_autotune_.source == "device"
+    assert timer.calls == []
+
+
+@pytest.mark.parametrize("machine, chosen", [
+    ({"vendor": "GenuineIntel", "flags": ["avx512_bf16"]}, FLOAT32),
+    ({"vendor": "GenuineIntel", "flags": ["avx512_bf16", "amx_bf16"]}, BF16_MIXED),
+    ({"vendor": "AuthenticAMD", "flags": ["avx512_bf16"]}, BF16_MIXED),
+    ({"vendor": "AuthenticAMD", "flags": ["avx2"]}, FLOAT32),
+])
+def test_the_choice_without_a_measurement_follows_the_cpu(machine, chosen):
+    from ampnet.auto.enabled import device_choice
+
+    assert device_choice([FLOAT32, BF16_MIXED], torch.device("cpu"), machine)[0] == chosen
+    # the choices stored for other models on this machine come first
+    other = FLOAT32 if chosen is BF16_MIXED else BF16_MIXED
+    params, why = device_choice([FLOAT32, BF16_MIXED], torch.device("cpu"), machine, {True: 3, False: 1}
+                                if other is BF16_MIXED else {True: 1, False: 3})
+    assert params == other and why.endswith("as 3 of the 4 choices stored for other models on this machine")
+
+
+def test_a_short_fit_takes_the_choice_stored_for_other_models_here(data, native_bf16, auto_cache_dir):
+    class Wider(Logits):
+        def __init__(self):
+            super().__init__()
+            self.hidden = torch.nn.Linear(20, 8)
+            self.extra = torch.nn.Linear(2, 2)
+
+    fit(data, amp_autotune__timer=Timer(mixed=2.0))  # measured: float32, stored
+    fit(data, module=Wider, amp_autotune__timer=Timer(mixed=2.0))  # another model: float32, stored
+    assert len(list(auto_cache_dir.iterdir())) == 2
+    (auto_cache_dir / "auto-broken.json").write_text("{")  # passed over
+    short = fit(data, module=Noisy, amp_autotune__min_steps=100)
+    assert short.amp_autotune_.source == "device" and short.amp_autotune_.params == FLOAT32
+    assert "as 2 of the 2 choices stored for other models on this machine" in short.amp_autotune_.note
 
 
 def test_an_emulated_bfloat16_is_not_measured(data, monkeypatch):

@@ -165,8 +165,8 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         medians = {s: statistics.median(col[s]) for s in SETTINGS}
         autos = [r[s] for r in rounds for s in ("auto-cold", "auto-warm")]
         verdicts = [right_choice(medians["true"], medians["false"], a["precision"] != "float32") for a in autos]
-        rss = [r[s]["max_rss_kb"] / r[pinned_setting(r[s])]["max_rss_kb"] for r in rounds
-               for s in ("auto-cold", "auto-warm") if pinned_setting(r[s]) in r]
+        rss = {s: [r[s]["max_rss_kb"] / r[pinned_setting(r[s])]["max_rss_kb"] for r in rounds
+                   if pinned_setting(r[s]) in r] for s in ("auto-cold", "auto-warm")}
         choices = collections.Counter(a["chosen"] or a["precision"] for a in autos)
         row = {
             "workload": workload, "epochs": epochs, "rounds": len(rounds),
@@ -178,11 +178,15 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "true_false_differ": max(medians["true"], medians["false"]) / min(medians["true"], medians["false"]) - 1,
             "right_choice": None if all(v is None for v in verdicts) else all(v is not False for v in verdicts),
             "wrong_choices": sum(v is False for v in verdicts), "auto_fits": len(autos),
-            "rss_ratio": statistics.median(rss) if rss else None,
+            "rss_ratio": statistics.median(rss["auto-cold"] + rss["auto-warm"]) if any(rss.values()) else None,
+            "rss_cold": statistics.median(rss["auto-cold"]) if rss["auto-cold"] else None,
+            "rss_warm": statistics.median(rss["auto-warm"]) if rss["auto-warm"] else None,
             "aa_spread": relative_spread(col["true"], col["true-aa"]),
         }
         row.update(cold_meets=row["cold_ratio"] <= TARGET, warm_meets=row["warm_ratio"] <= TARGET,
-                   rss_meets=None if row["rss_ratio"] is None else row["rss_ratio"] <= TARGET)
+                   rss_meets=None if row["rss_ratio"] is None else row["rss_ratio"] <= TARGET,
+                   **{f"rss_{k}_meets": None if row[f"rss_{k}"] is None else row[f"rss_{k}"] <= TARGET
+                      for k in ("cold", "warm")})
         rows.append(row)
     return rows
 
@@ -202,7 +206,7 @@ def markdown(rows: list[dict[str, Any]], machine: dict[str, Any], threads: int) 
         return "-" if value is None else f"{value:.3f}" + ("" if meets else " MISS")
 
     head = ("workload", "epochs", "auto cold s", "auto warm s", "True s", "False s", "cold ratio",
-            "warm ratio", "choice", "right?", "A/A", "RSS auto/pinned")
+            "warm ratio", "choice", "right?", "A/A", "RSS cold/pinned", "RSS warm/pinned")
     lines = [machine_line(machine, threads), "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         m = r["median_s"]
@@ -213,7 +217,8 @@ def markdown(rows: list[dict[str, Any]], machine: dict[str, Any], threads: int) 
         cells = (r["workload"], str(r["epochs"]), *(f"{m[s]:.2f}" for s in ("auto-cold", "auto-warm", "true", "false")),
                  ratio(r["cold_ratio"], r["cold_meets"]), ratio(r["warm_ratio"], r["warm_meets"]),
                  choice, f"{right}; {r['faster']} faster by {r['true_false_differ']:.0%}",
-                 f"{r['aa_spread']:.1%}", ratio(r["rss_ratio"], r["rss_meets"]))
+                 f"{r['aa_spread']:.1%}", ratio(r["rss_cold"], r["rss_cold_meets"]),
+                 ratio(r["rss_warm"], r["rss_warm_meets"]))
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", f"Ratios: median over rounds of auto / min(True, False) and auto's peak RSS over the "
                   f"setting pinned to its choice; target <= {TARGET} (MISS: not met). right?: auto chose the "

@@ -105,11 +105,12 @@ def _resolve_enabled(net: Any, X: Any, y: Any, saved: Any, source: str | None, e
                                            key=key, folder=folder)
         return None
     steps = _fit_steps(net, X, y, epochs, **fit_params)
-    needed = 2 * (settings["warmup"] + 1)
+    needed = max(2 * (settings["warmup"] + 1), settings["min_steps"])
     if steps is not None and steps < needed:
-        params, why = device_choice(candidates, device)
+        others = cache.machine_choices(key, folder) if key is not None else None
+        params, why = device_choice(candidates, device, cache.machine(device), others)
         note = (f"this fit has {steps} training step{'s' if steps != 1 else ''}, fewer than the {needed} a "
-                f"measurement needs; chose {why}")
+                f"measurement takes here (amp_autotune__min_steps={settings['min_steps']}); chose {why}")
         return _apply(net, AutotuneResult(params, source="device", device=str(device), note=note,
                                           table=table_of(candidates, None)))
     # measure: the fit starts in mixed precision, and its float32 steps pause autocast

@@ -37,7 +37,8 @@ from typing import Any, Mapping
 import platformdirs
 import torch
 
-__all__ = ["cache_dir", "cache_key", "read_entry", "write_entry", "forget_entry", "MAX_BYTES", "MAX_ENTRIES"]
+__all__ = ["cache_dir", "cache_key", "read_entry", "write_entry", "forget_entry", "machine_choices", "MAX_BYTES",
+           "MAX_ENTRIES"]
 
 #: The most bytes an entry may have; a larger file is refused unread.
 MAX_BYTES = 16 * 1024
@@ -58,11 +59,13 @@ def cache_dir() -> str:
 
 
 def _cpu() -> dict[str, Any]:
-    model, flags = platform.processor() or platform.machine(), set()
+    model, vendor, flags = platform.processor() or platform.machine(), "", set()
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
             for line in f:
-                if line.startswith("model name") and model in ("", platform.machine()):
+                if line.startswith("vendor_id"):
+                    vendor = line.split(":", 1)[1].strip()
+                elif line.startswith("model name") and model in ("", platform.machine()):
                     model = line.split(":", 1)[1].strip()
                 elif line.startswith("flags"):
                     flags = set(line.split(":", 1)[1].split())
@@ -70,7 +73,7 @@ def _cpu() -> dict[str, Any]:
     except OSError:
         pass
     wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile")
-    return {"cpu": model, "flags": sorted(flags.intersection(wanted))}
+    return {"cpu": model, "vendor": vendor, "flags": sorted(flags.intersection(wanted))}
 
 
 def machine(device: torch.device) -> dict[str, Any]:
@@ -184,6 +187,33 @@ def write_entry(key: Mapping[str, Any], params: Mapping[str, Any], step_s: float
         return f"{folder}: {exc}"
     _bound(folder, keep)
     return None
+
+
+def machine_choices(key: Mapping[str, Any], folder: str | None = None, newest: int = 64) -> dict[bool, int]:
+    """How often the entries stored for other models on this machine (the
+    same ``machine`` and ``torch`` fields of their key) chose mixed
+    precision (True) and float32 (False), among the ``newest`` entries of
+    the folder; entries that cannot be read are passed over."""
+    folder = folder or cache_dir()
+    try:
+        with os.scandir(folder) as it:
+            found = [(e.stat(follow_symlinks=False).st_mtime, e.path) for e in it
+                     if e.name.startswith(_PREFIX) and e.name.endswith(".json") and e.is_file(follow_symlinks=False)]
+    except OSError:
+        return {}
+    counts: dict[bool, int] = {}
+    for _, path in sorted(found, reverse=True)[:newest]:
+        try:
+            raw = _read_bytes(path)
+            entry = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant) if raw else None
+            other = entry.get("key") if isinstance(entry, dict) else None
+            chose = entry.get("params", {}).get("amp_enabled") if isinstance(other, dict) else None
+        except (OSError, ValueError, UnicodeDecodeError, RecursionError, AttributeError):
+            continue
+        if isinstance(chose, bool) and other.get("machine") == key.get("machine") \
+                and other.get("torch") == key.get("torch"):
+            counts[chose] = counts.get(chose, 0) + 1
+    return counts
 
 
 def forget_entry(key: Mapping[str, Any], folder: str | None = None) -> None:

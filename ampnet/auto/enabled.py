@@ -43,7 +43,7 @@ SOURCES = {
     "cache": "stored by an earlier fit of this model on this machine; nothing measured",
     "checkpoint": "read from the checkpoint this fit resumes; nothing measured",
     "loaded": "read by load_params; nothing measured",
-    "device": "decided from the device, without a training step",
+    "device": "decided without a training step",
 }
 
 
@@ -162,13 +162,31 @@ def candidate_params(net: Any) -> tuple[list[dict[str, Any]], str | None]:
     return [float32, mixed], (f"mixed precision not measured: {reason}" if reason else None)
 
 
-def device_choice(candidates: list[dict[str, Any]], device: torch.device) -> tuple[dict[str, Any], str]:
-    """The choice where no step is measured (a fit too short to measure):
-    mixed precision on a GPU, float32 on a CPU (where bfloat16 pays off on
-    some CPUs and costs on others); and why."""
-    if device.type == "cuda" and len(candidates) > 1:
-        return candidates[1], "on a GPU, mixed precision (tensor cores)"
-    return candidates[0], "on a CPU, float32 (bfloat16 is faster on some CPUs, slower on others)"
+def device_choice(candidates: list[dict[str, Any]], device: torch.device, machine: Mapping[str, Any],
+                  others: Mapping[bool, int] | None = None) -> tuple[dict[str, Any], str]:
+    """The choice where no step is measured (a fit too short to pay for a
+    measurement), and why: the choice stored most often for other models on
+    this machine (``others``: counts of mixed precision, True, and float32,
+    False); without any, mixed precision on a GPU and on the CPUs where
+    bfloat16 was measured faster than float32 (AMX; AMD with AVX512-BF16),
+    float32 on the others (an Intel CPU with AVX512-BF16 and no AMX trained
+    the benchmark's MLP 1.5x slower in bfloat16)."""
+    if len(candidates) < 2:
+        return candidates[0], "float32, the only candidate"
+    if others:
+        mixed, total = others.get(True, 0), sum(others.values())
+        chosen = candidates[1] if mixed > total - mixed else candidates[0]
+        count = mixed if chosen is candidates[1] else total - mixed
+        return chosen, (f"{label(chosen)}, as {count} of the {total} choices stored for other models on this "
+                        "machine")
+    flags = set(machine.get("flags", ()))
+    if device.type == "cuda":
+        return candidates[1], f"{label(candidates[1])}, on a GPU (tensor cores)"
+    if "amx_bf16" in flags:
+        return candidates[1], f"{label(candidates[1])}, on a CPU with AMX"
+    if "avx512_bf16" in flags and machine.get("vendor") == "AuthenticAMD":
+        return candidates[1], f"{label(candidates[1])}, on an AMD CPU with AVX512-BF16"
+    return candidates[0], "float32, on this CPU (bfloat16 is faster on some CPUs and slower on others)"
 
 
 def table_of(candidates: list[dict[str, Any]], times: list[list[float]] | None,
