@@ -190,8 +190,8 @@ def test_a_fit_too_short_to_measure_decides_without_a_training_step(data, native
     candidates = [FLOAT32, BF16_MIXED]
     expected, why = device_choice(candidates, torch.device("cpu"), cache.machine(torch.device("cpu")))
     assert result.params == expected and why in result.note
-    # and by default a fit shorter than 32 steps does not measure either: 8 steps here
-    assert fit(data, amp_autotune__min_steps=32, amp_autotune__timer=timer).amp_autotune_.source == "device"
+    # and by default a fit shorter than 64 steps does not measure either: 8 steps here
+    assert fit(data, amp_autotune__min_steps=64, amp_autotune__timer=timer).amp_autotune_.source == "device"
     assert timer.calls == []
 
 

@@ -7,7 +7,7 @@ it, else float16), both in the net's ``memory_format``
 (:func:`candidate_params`). Both keep float32 weights and optimizer state,
 so the fit switches between them from one step to the next: its first
 steps are the measurement (:mod:`ampnet.auto.trial`), where the fit has
-``amp_autotune__min_steps`` (32) or more; a shorter one decides without a
+``amp_autotune__min_steps`` (64) or more; a shorter one decides without a
 training step (:func:`device_choice`). Settings that cannot
 be switched per step (``amp_level='pure'``, master-weight settings,
 ``amp_modules``) are refused with ``'auto'``
