@@ -232,9 +232,10 @@ def end_epoch(net: Any) -> None:
         return
     finding = trial.end_epoch(len(net.history))
     if finding:
-        result.check = finding + "; the stored choice is dropped, and the next fit measures again"
+        result.check = finding + "; the next fit measures again"
         if trial.key is not None:
             cache.forget_entry(trial.key, trial.folder)
+            result.cache = f"not kept in {trial.folder}: the check dropped the stored choice"
 
 
 def end_fit(net: Any) -> None:
