@@ -77,10 +77,11 @@ def walks():
     import tempfile
 
     os.environ["AMPNET_CACHE_DIR"] = tempfile.mkdtemp()
-    legacy = {"amp_autotune__budget": None} if "amp_autotune__budget" in PARAMS else {}
+    measure = ({"amp_autotune__budget": None} if "amp_autotune__budget" in PARAMS
+               else {"amp_autotune__min_steps": 0} if "amp_autotune__min_steps" in PARAMS else {})
     for run in ("measures", "reads the cache"):
         auto = AmpNetClassifier(MLP, amp_enabled="auto", max_epochs=1, batch_size=16, train_split=None, verbose=0,
-                                **legacy)
+                                **measure)
         files, built, checks = trace(lambda: auto.fit(X, y))
         print(f"amp_enabled='auto' fit of a tiny MLP (one epoch of 8 steps, {run}): {len(files)} "
               f"ampnet files entered, {built} Precision built")
