@@ -165,8 +165,10 @@ def _number_in(name: str, low: float, high: float, high_open: bool, fix: str) ->
 
 
 def _cache(value: Any) -> Any:
-    if isinstance(value, (str, os.PathLike)) and not is_bool(value) and str(os.fspath(value)).strip():
-        return os.fspath(value)
+    if isinstance(value, (str, os.PathLike)) and not is_bool(value):
+        folder = str.__str__(os.fspath(value)) if isinstance(os.fspath(value), str) else os.fsdecode(value)
+        if folder.strip():
+            return folder  # the plain str a str subclass or a path holds
     try:
         return _bool("amp_autotune__cache", "")(value)
     except ValueError:

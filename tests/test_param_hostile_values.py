@@ -192,9 +192,11 @@ def test_a_hostile_value_is_refused_with_the_parameters_name(name, value):
         assert name in str(exc)
         return
     if isinstance(value, BadStr):
-        # accepted: a glob pattern of a selector parameter, or a device string
-        # that skorch hands to .to() with AMP off
-        assert name in ("amp_fp32_modules", "amp_modules", "device")
+        # accepted: a glob pattern of a selector parameter, a device string
+        # that skorch hands to .to() with AMP off, or auto's cache folder (as the plain str it holds)
+        assert name in ("amp_fp32_modules", "amp_modules", "device", "amp_autotune__cache")
+        if name == "amp_autotune__cache":
+            assert type(check(name, value)) is str
     else:  # the number a float subclass holds, read as a plain float
         assert isinstance(value, BadCompare) and name.startswith("amp_autotune__")
         assert type(check(name, value)) is float and check(name, value) == 0.5
@@ -218,7 +220,8 @@ def test_hostile_values_at_initialize_and_on_a_fitted_net(fitted_state, name, va
 def test_a_value_that_raises_when_read_names_the_parameter_and_what_it_raised():
     with pytest.raises(ValueError, match=re.escape(
             "amp_autotune__margin got 0.5 (BadFloat), which raised ZeroDivisionError: float boom when ampnet "
-            "read it. amp_autotune__margin: 'auto': how much faster than float32 AMP must be. Fix: pass a plain "
+            "read it. amp_autotune__margin: 'auto': how much faster than float32 mixed precision must be. Fix: pass a "
+            "plain "
             "value (a bool, int, float, str or None) such as the default amp_autotune__margin=0.05.")) as info:
         check("amp_autotune__margin", BadFloat(0.5))
     assert isinstance(info.value.__cause__, ZeroDivisionError)
