@@ -339,7 +339,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
     def predict_proba(self, X):
         """skorch's ``predict_proba``; for a classifier whose softmax ran in
         bfloat16 or float16, rows renormalized to sum to 1 within float32's
-        precision (:func:`ampnet.output_checks.probabilities_summing_to_one`)."""
+        precision (``ampnet.output_checks.probabilities_summing_to_one``)."""
         return probabilities_summing_to_one(self, super().predict_proba(X))
 
     def get_loss(self, y_pred, y_true, X=None, training=False):

@@ -61,7 +61,9 @@ class AutotuneResult:
       choice with ``AmpNet(..., **result.params)``, which trains bitwise as a
       fit that starts from this choice.
     source : str
-      Where the choice came from: a key of :data:`SOURCES`.
+      Where the choice came from: ``'measured'``, ``'measuring'``,
+      ``'cache'``, ``'checkpoint'``, ``'loaded'`` or ``'device'`` (decided
+      without a training step).
     table : list of dict
       One row per candidate: ``params``, ``step_s`` (the median of its timed
       steps, None where none was timed), ``timed`` (how many), ``reason``
