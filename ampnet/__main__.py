@@ -112,8 +112,9 @@ def _train(label: str, amp: dict, args: argparse.Namespace, data: tuple) -> tupl
     notes = sorted({str(w.message).split(";")[0].split(":")[0] for w in caught})
     tuned = getattr(net, "amp_autotune_", None)
     if tuned is not None:
-        notes.insert(0, f"{tuned.source}: its measuring steps cost {tuned.cost_s:.2f} s"
-                     if tuned.source == "measured" else f"choice {tuned.source}")
+        notes.insert(0, {"measured": f"measured: its measuring steps cost {tuned.cost_s:.2f} s",
+                         "cache": "the choice an earlier run stored", "device": "decided without measuring"}
+                     .get(tuned.source, f"the choice {tuned.source}"))
     return (
         label,
         net.precision_policy_.name,

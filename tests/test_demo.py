@@ -38,8 +38,8 @@ def test_demo_prints_progress_and_table(tmp_path):
     assert all(column in header for column in columns)
     rows = {line.split("  ")[0]: line for line in lines if line.startswith(("float32", "AMP", "amp_enabled"))}
     assert "bfloat16 (mixed)" in rows["AMP on, amp_dtype='auto'"]
-    assert rows["amp_enabled='auto'"].rstrip().endswith(("measuring steps cost", "choice device")) or \
-        "measured: its measuring steps cost" in rows["amp_enabled='auto'"]
+    assert "measured: its measuring steps cost" in rows["amp_enabled='auto'"] or \
+        "decided without measuring" in rows["amp_enabled='auto'"]
     # auto's record: what it chose and where the choice came from
     start = lines.index(next(line for line in lines if line.startswith("amp_enabled='auto' on cpu: ")))
     head = lines[start]
