@@ -124,9 +124,9 @@ class Trial:
         begins = state.micro_batches == 0
         if begins:
             self._elapsed = 0.0
-            if not self.decided and _low_precision_inputs(batch):
-                self.chosen = 1
-                self.reason = f"the fit has {_low_precision_inputs(batch)} inputs, which float32 cannot take"
+            low = "" if self.decided else _low_precision_inputs(batch)
+            if low:
+                self.chosen, self.reason = 1, f"the fit has {low} inputs, which float32 cannot take"
             self._current = self.chosen if self.decided else len(self.log) % 2
         timed = not self.decided or self.device.type == "cpu"  # CUDA: no synchronization once decided
         if timed and begins:

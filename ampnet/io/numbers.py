@@ -24,7 +24,7 @@ import torch
 # as_float and finite_number live in the lower layer (ampnet.validation, whose
 # type_mismatch needs them) and are re-exported here for the field checks
 from ampnet.io.structure import brief as describe
-from ampnet.io.structure import check_structure
+from ampnet.io.structure import check_structure, refusal
 from ampnet.validation import MAX_DEPTH, as_float, finite_number, is_number, tensor_problem
 
 __all__ = ["as_float", "finite_number", "unusable_value", "check_values"]
@@ -111,11 +111,6 @@ def check_values(data: Any, source: str, size: int | None = None) -> Any:
     check_structure(data, source, size)
     found = unusable_value(data)
     if found is not None:
-        field, problem = found
-        where = f"field {field}" if field else "its content"
-        raise ValueError(
-            f"{source} cannot be loaded: {where} {problem}. Numbers in a checkpoint are "
-            "finite floats or ints within float range, tensors are dense with values. "
-            "Nothing was loaded. Fix: pass the file that save_params wrote."
-        )
+        raise refusal(source, found, "Numbers in a checkpoint are finite floats or ints within float range, "
+                                     "tensors are dense with values")
     return data

@@ -27,7 +27,7 @@ import builtins
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["MIN_ENTRIES", "structure_problem", "check_structure", "brief"]
+__all__ = ["MIN_ENTRIES", "structure_problem", "check_structure", "brief", "refusal"]
 
 #: The fewest entries a structure may hold, whatever the file's size.
 MIN_ENTRIES = 1 << 16
@@ -132,6 +132,15 @@ def _about(n: int) -> str:
     return str(n) if n < 10**9 else f"more than 2**{n.bit_length() - 1}"
 
 
+def refusal(source: str, found: tuple[str, str], why: str) -> ValueError:
+    """The error that refuses file ``source``: ``found`` is (the field, or
+    '' for the whole content; the problem), ``why`` what is wrong with it."""
+    field, problem = found
+    where = f"field {field}" if field else "its content"
+    return ValueError(f"{source} cannot be loaded: {where} {problem}. {why}. Nothing was loaded. "
+                      "Fix: pass the file that save_params wrote.")
+
+
 def check_structure(data: Any, source: str, size: int | None) -> Any:
     """``data``, after :func:`structure_problem` found nothing in it with a
     limit of ``size`` entries (at least :data:`MIN_ENTRIES`).
@@ -156,13 +165,8 @@ def check_structure(data: Any, source: str, size: int | None) -> Any:
     limit = max(MIN_ENTRIES, size if size is not None else MIN_ENTRIES * 256)
     found = structure_problem(data, limit)
     if found is not None:
-        field, problem = found
-        where = f"field {field}" if field else "its content"
-        raise ValueError(
-            f"{source} cannot be loaded: {where} {problem}. ampnet never writes such a "
-            "structure (a file built to make a load walk without end?). Nothing was loaded. "
-            "Fix: pass the file that save_params wrote."
-        )
+        raise refusal(source, found, "ampnet never writes such a structure (a file built to make a load walk "
+                                     "without end?)")
     return data
 
 
