@@ -239,19 +239,20 @@ def _text(value: Any) -> str:
 # ---- step 2: host syncs per step ----------------------------------------------------------------
 
 
-def _sync_sources(fn: Callable[[], Any], count: bool) -> collections.Counter:
-    """Run ``fn`` under ``set_sync_debug_mode("warn")`` (when ``count``) and
-    return where its sync warnings came from (``file:line`` -> number)."""
-    sources: collections.Counter = collections.Counter()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+def _sync_sources(fn: Callable[[list], Any], count: bool) -> collections.Counter:
+    """Run ``fn(caught)`` under ``set_sync_debug_mode("warn")`` (when
+    ``count``) and return where the sync warnings it put in ``caught`` came
+    from (``file:line`` -> number). ``fn`` records its warnings itself (a
+    contender's run does): a ``catch_warnings`` around it would see none."""
+    caught: list[warnings.WarningMessage] = []
+    if count:
+        torch.cuda.set_sync_debug_mode("warn")
+    try:
+        fn(caught)
+    finally:
         if count:
-            torch.cuda.set_sync_debug_mode("warn")
-        try:
-            fn()
-        finally:
-            if count:
-                torch.cuda.set_sync_debug_mode("default")
+            torch.cuda.set_sync_debug_mode("default")
+    sources: collections.Counter = collections.Counter()
     for w in caught:
         if _SYNC_MESSAGE in str(w.message).lower():
             sources[f"{Path(w.filename).name}:{w.lineno}"] += 1
@@ -313,7 +314,8 @@ def count_host_syncs(
                 base = get_workload("mlp", quick=quick)
                 wl = get_workload("mlp", quick=quick, n_samples=n_batches * base.batch_size)
                 data = wl.make_data(cfg.seed)
-                counts.append(_sync_sources(lambda: run_contender(by_key[key], wl, data, cfg), counted))
+                counts.append(_sync_sources(lambda sink: run_contender(by_key[key], wl, data, cfg, caught=sink),
+                                            counted))
             if counted:
                 short, long = sum(counts[1].values()), sum(counts[2].values())
                 row["per_step"] = (long - short) / (steps[1] - steps[0])

@@ -572,6 +572,7 @@ def run_contender(
     cfg: BenchConfig,
     weights: dict[str, torch.Tensor] | None = None,
     meter: ContextManager[Any] | None = None,
+    caught: list[warnings.WarningMessage] | None = None,
 ) -> RunOutcome:
     """Run one contender once on one workload.
 
@@ -597,13 +598,18 @@ def run_contender(
       Entered around model construction and the timed epochs (not the
       evaluation); used for memory measurement.
 
+    caught : list or None
+      Receives every warning of the run as recorded (file and line
+      included): the run records its warnings itself, so that an outer
+      ``warnings.catch_warnings`` sees none of them.
+
     Returns
     -------
     RunOutcome
     """
     meter = meter if meter is not None else contextlib.nullcontext()
     n_epochs = cfg.warmup + cfg.epochs
-    with warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings(record=True) as recorded:
         warnings.simplefilter("always")
         if wl.task == "predict":
             with meter:
@@ -631,7 +637,9 @@ def run_contender(
             else:
                 proba = net.predict_proba(data.X_eval)
             accuracy = _loss_and_accuracy(proba, data.y_eval)[1]
-    messages = list(dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught))
+    if caught is not None:
+        caught.extend(recorded)
+    messages = list(dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in recorded))
     measured = times[cfg.warmup :]
     auto_choice = None
     if contender.auto and wl.task != "predict":

@@ -1,6 +1,7 @@
 """The one-call GPU check (``python -m ampnet.benchmark --check``): its dry run on the CPU writes
 the report with every section and its figures, within its budget; its parts on their own."""
 
+import dataclasses
 import math
 import re
 import subprocess
@@ -185,3 +186,51 @@ def test_sync_counter_sees_the_grad_scalers_read():
         assert r["per_step"] >= 0 and math.isfinite(r["fixed"])
     # torch's GradScaler.step reads found_inf on the host once per step
     assert rows[("raw-amp", "float16")]["per_step"] >= 1
+
+
+def test_sync_sources_reads_the_warnings_the_run_recorded_itself():
+    # a contender's run records its own warnings (an outer catch_warnings sees none of them,
+    # which once made every count 0 on an H100): the counter reads what the run hands back
+    import warnings
+
+    from ampnet_bench.contenders import CONTENDERS, run_contender
+    from ampnet_bench.config import BenchConfig
+    from ampnet_bench.workloads import get_workload
+
+    def warns(sink):
+        with warnings.catch_warnings(record=True) as recorded:
+            warnings.simplefilter("always")
+            warnings.warn("called a synchronizing CUDA operation")
+            warnings.warn("something else")
+        sink.extend(recorded)
+
+    with warnings.catch_warnings(record=True) as outer:
+        warnings.simplefilter("always")
+        sources = check._sync_sources(warns, count=False)
+    assert outer == [] and sum(sources.values()) == 1
+    (where,) = sources
+    assert where.startswith("test_gpu_check.py:")
+    # run_contender hands its recorded warnings to the sink, file and line included (here the
+    # module's forward warns once per call)
+    wl = get_workload("mlp", quick=True)
+    cfg = BenchConfig(workloads=("mlp",), device="cpu", quick=True, rounds=1, epochs=1, warmup=0, threads=1,
+                      memory="off", isolation="inprocess")
+    by_key = {c.key: c for c in CONTENDERS}
+    sink: list = []
+
+    inner = wl.module_factory
+    wl_warning = dataclasses.replace(wl, module_factory=lambda *a, **k: _Warns(inner(*a, **k)))
+    run_contender(by_key["raw-fp32"], wl_warning, wl.make_data(0), cfg, caught=sink)
+    assert any("synchronizing" in str(w.message) and w.lineno > 0 for w in sink)
+
+
+class _Warns(torch.nn.Module):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        import warnings
+
+        warnings.warn("called a synchronizing CUDA operation")
+        return self.inner(x)

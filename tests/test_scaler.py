@@ -550,3 +550,42 @@ def test_update_with_a_new_scale_tensor_keeps_the_tracker():
     assert not scaler.step_pending
     with pytest.raises(ValueError, match="1-element tensor"):
         scaler.update(new_scale=torch.ones(2))
+
+
+# ---- dtypes the device's fused kernel lacks ------------------------------------
+
+
+def test_unscale_through_float32_is_bitwise_the_fused_kernel():
+    # CUDA's fused check-and-unscale has no bfloat16 (a pure bf16 net's gradients); the
+    # float32 round trip that replaces it there must give the kernel's own result
+    from ampnet.precision import checks
+
+    gen = torch.Generator().manual_seed(0)
+    values = [torch.randn(257, generator=gen) * 1e3, torch.randn(3, 5, generator=gen)]
+    inv = torch.tensor(1.0 / 3.0)
+    for poison in (None, float("inf"), float("nan")):
+        grads = [v.to(torch.bfloat16) for v in values]
+        if poison is not None:
+            grads[1][2, 3] = poison
+        ours = [g.clone() for g in grads]
+        found_kernel, found_ours = torch.zeros(()), torch.zeros(())
+        torch._amp_foreach_non_finite_check_and_unscale_(grads, found_kernel, inv)
+        checks._through_float32(ours, found_ours, inv, write=True)
+        assert all(o.dtype == torch.bfloat16 for o in ours)
+        for a, b in zip(grads, ours):  # every value bitwise, NaN as NaN (its payload may differ)
+            torch.testing.assert_close(b, a, rtol=0, atol=0, equal_nan=True)
+        assert found_ours.item() == found_kernel.item() == (0.0 if poison is None else 1.0)
+    # a check only leaves the gradients as they were
+    kept = [v.to(torch.bfloat16) for v in values]
+    before = [g.clone() for g in kept]
+    checks._through_float32(kept, torch.zeros(()), inv, write=False)
+    assert all(torch.equal(a, b) for a, b in zip(kept, before))
+
+
+def test_the_fused_kernel_is_used_where_it_takes_the_dtype():
+    from ampnet.precision.checks import _kernel_takes
+
+    assert _kernel_takes(torch.zeros(1, dtype=torch.bfloat16))  # CPU: every dtype
+    meta_bf16 = torch.empty(1, dtype=torch.bfloat16, device="meta")
+    assert not _kernel_takes(meta_bf16)
+    assert _kernel_takes(torch.empty(1, dtype=torch.float16, device="meta"))

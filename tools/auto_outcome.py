@@ -26,7 +26,9 @@ the A/A spread. Run it on a quiet machine::
 
     python tools/auto_outcome.py --rounds 3 --out auto-outcome.json --markdown auto-outcome.md
 
-``--quick`` uses the workloads' tiny sizes (smoke tests).
+``--quick`` uses the workloads' tiny sizes (smoke tests). ``--device cuda`` trains on
+the GPU (``amp_dtype`` 'auto': bfloat16 where the GPU has it); the memory compared is
+then the GPU's peak allocation (``torch.cuda.max_memory_allocated``), not the RSS.
 """
 
 from __future__ import annotations
@@ -61,7 +63,8 @@ DECISIVE = 0.10  # True and False differ by more than this: auto must pick the f
 # ---- the worker (one fit in this fresh process) ----------------------------------------------
 
 
-def fit_once(workload: str, epochs: int, params: dict[str, Any], quick: bool, threads: int) -> dict[str, Any]:
+def fit_once(workload: str, epochs: int, params: dict[str, Any], quick: bool, threads: int,
+             device: str = "cpu") -> dict[str, Any]:
     """Build and fit one net; its wall time, precision, auto's choice and peak RSS.
 
     Parameters
@@ -76,13 +79,15 @@ def fit_once(workload: str, epochs: int, params: dict[str, Any], quick: bool, th
         The workload's tiny sizes.
     threads : int
         torch intra-op threads.
+    device : str
+        The net's ``device``.
 
     Returns
     -------
     dict
         ``wall_s``, ``precision`` (``net.precision_policy_.name``), ``chosen``, ``params``
         and ``autotune`` (auto only, else None), ``epoch_s`` (skorch's ``dur`` of each epoch),
-        ``warnings`` (distinct messages), ``max_rss_kb``.
+        ``warnings`` (distinct messages), ``max_rss_kb`` (on CUDA: the GPU's peak allocation).
     """
     import warnings
 
@@ -100,10 +105,15 @@ def fit_once(workload: str, epochs: int, params: dict[str, Any], quick: bool, th
         net = AmpNetClassifier(
         module=wl.build_module(0), criterion=torch.nn.CrossEntropyLoss, optimizer=torch.optim.AdamW,
             lr=1e-3, batch_size=wl.batch_size, max_epochs=epochs, train_split=None, verbose=0,
-            iterator_train__shuffle=True, iterator_train__generator=torch.Generator().manual_seed(1), **params,
+            iterator_train__shuffle=True, iterator_train__generator=torch.Generator().manual_seed(1),
+            device=device, **params,
         )
         net.fit(data.X, data.y)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
     wall = time.perf_counter() - start
+    peak_kb = (torch.cuda.max_memory_allocated() // 1024 if device.startswith("cuda")
+               else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
     tune = net.__dict__.get("amp_autotune_")
     tuned = params.get("amp_enabled") == "auto" and tune is not None
     chosen = getattr(tune, "params", None) if tuned else None
@@ -114,7 +124,7 @@ def fit_once(workload: str, epochs: int, params: dict[str, Any], quick: bool, th
         "params": {k: v if isinstance(v, (bool, int, float, str, type(None))) else str(v)
                    for k, v in chosen.items()} if isinstance(chosen, dict) else None,
         "autotune": str(tune) if tuned else None,
-        "max_rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+        "max_rss_kb": peak_kb,
     }
 
 
@@ -195,7 +205,9 @@ def machine_line(machine: dict[str, Any], threads: int) -> str:
     """CPU, its bf16 flags, cores, threads, torch and the date, in one line."""
     flags = machine.get("cpu_flags", {})
     have = ", ".join(f"{f} {'yes' if flags.get(f) else 'no'}" for f in ("avx512_bf16", "amx_bf16"))
-    return (f"Machine: {machine['cpu_model']} ({have}); {machine['usable_cores']} usable of "
+    gpu = machine.get("gpu")
+    on = f"GPU {gpu['name']} (capability {'.'.join(map(str, gpu['capability']))}), host CPU " if gpu else ""
+    return (f"Machine: {on}{machine['cpu_model']} ({have}); {machine['usable_cores']} usable of "
             f"{machine['logical_cores']} cores, {threads} threads; torch {machine['torch']}; "
             f"{machine['date_utc']} UTC")
 
@@ -221,7 +233,7 @@ def markdown(rows: list[dict[str, Any]], machine: dict[str, Any], threads: int) 
                  ratio(r["rss_warm"], r["rss_warm_meets"]))
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", f"Ratios: median over rounds of auto / min(True, False) and auto's peak RSS over the "
-                  f"setting pinned to its choice; target <= {TARGET} (MISS: not met). right?: auto chose the "
+                  f"setting pinned to its choice; target <= {TARGET} (MISS: not met; on a GPU, its peak allocation). right?: auto chose the "
                   f"faster of True and False where they differ by more than {DECISIVE:.0%}."]
     return "\n".join(lines) + "\n"
 
@@ -235,7 +247,8 @@ def spawn(workload: str, epochs: int, params: dict[str, Any], cache_dir: str,
     ``OMP_NUM_THREADS=args.threads`` and the benchmark's recommended malloc settings."""
     from ampnet_bench.machine import RECOMMENDED_MALLOC_ENV
 
-    job = {"workload": workload, "epochs": epochs, "params": params, "quick": args.quick, "threads": args.threads}
+    job = {"workload": workload, "epochs": epochs, "params": params, "quick": args.quick, "threads": args.threads,
+           "device": args.device}
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "AMPNET_CACHE_DIR": cache_dir,
            **dict(item.split("=", 1) for item in RECOMMENDED_MALLOC_ENV.split())}
     proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--one", json.dumps(job)],
@@ -305,12 +318,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3, help="rounds of interleaved fits (default: 3)")
     p.add_argument("--threads", type=int, default=2, help="OMP_NUM_THREADS and torch threads (default: 2)")
     p.add_argument("--quick", action="store_true", help="the workloads' tiny sizes (smoke tests)")
+    p.add_argument("--device", default="cpu", help="the nets' device, e.g. cuda (default: cpu)")
     p.add_argument("--out", default=None, metavar="FILE", help="write the results as JSON")
     p.add_argument("--markdown", default=None, metavar="FILE", help="write the table as Markdown")
     args = p.parse_args(argv)
     if args.one:
         job = json.loads(args.one)
-        print(json.dumps(fit_once(job["workload"], job["epochs"], job["params"], job["quick"], job["threads"])))
+        print(json.dumps(fit_once(job["workload"], job["epochs"], job["params"], job["quick"], job["threads"],
+                                  job.get("device", "cpu"))))
         return 0
     args.workloads = [w for w in args.workloads.split(",") if w]
     unknown = sorted(set(args.workloads) - set(MODEL_WORKLOADS))

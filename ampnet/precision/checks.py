@@ -6,7 +6,7 @@ from typing import Iterable
 
 import torch
 
-__all__ = ["nonfinite_grads", "grads_are_finite", "grads_by_device_dtype", "unscale_flag"]
+__all__ = ["check_and_unscale_", "nonfinite_grads", "grads_are_finite", "grads_by_device_dtype", "unscale_flag"]
 
 #: Up to this many gradient values per device and dtype, one fused kernel
 #: checks them (fewest dispatches); above, one sum per tensor (read-only,
@@ -17,6 +17,40 @@ _FUSED_CHECK_MAX_NUMEL = 1 << 20
 #: thousand values, one sum per tensor once the tensors hold more than this
 #: many values on average, whatever their total; the fused check otherwise.
 _CPU_SUM_MIN_PER_TENSOR = 1 << 18
+
+
+def _kernel_takes(grad: torch.Tensor) -> bool:
+    """Whether torch's fused check-and-unscale kernel takes ``grad``'s dtype
+    on its device: every floating dtype on a CPU; float32 and float16 on
+    CUDA (torch 2.11's CUDA kernel has no bfloat16: a pure bf16 net's
+    gradients)."""
+    return grad.device.type == "cpu" or grad.dtype in (torch.float32, torch.float16)
+
+
+def check_and_unscale_(
+    grads: list[torch.Tensor], found: torch.Tensor, inv_scale: torch.Tensor, write: bool = True,
+) -> None:
+    """torch's fused non-finite check and unscale of ``grads`` (one device,
+    one dtype): ``found`` becomes > 0 when a value is inf or NaN, and each
+    value is multiplied by ``inv_scale`` in float32 and rounded back in
+    place (``write=False``: a check only, ``grads`` untouched).
+
+    Where the device's kernel lacks the dtype, the same arithmetic runs on
+    a float32 copy that is written back: bitwise the kernel's result (it
+    also computes in float32 and rounds once).
+    """
+    if _kernel_takes(grads[0]):
+        torch._amp_foreach_non_finite_check_and_unscale_(grads, found, inv_scale)
+    else:
+        _through_float32(grads, found, inv_scale, write)
+
+
+def _through_float32(grads: list[torch.Tensor], found: torch.Tensor, inv_scale: torch.Tensor, write: bool) -> None:
+    """:func:`check_and_unscale_` on float32 copies of ``grads``, written back."""
+    wide = [g.float() for g in grads]
+    torch._amp_foreach_non_finite_check_and_unscale_(wide, found, inv_scale)
+    if write:
+        torch._foreach_copy_(grads, wide)
 
 
 def _fused_check_pays(device: torch.device, grads: list[torch.Tensor]) -> bool:
@@ -61,7 +95,7 @@ def nonfinite_grads(params: Iterable[torch.Tensor], device: torch.device | None 
         if _fused_check_pays(dev, grads):
             found = torch.zeros((), dtype=torch.float32, device=dev)
             one = torch.ones((), dtype=torch.float32, device=dev)
-            torch._amp_foreach_non_finite_check_and_unscale_(grads, found, one)
+            check_and_unscale_(grads, found, one, write=False)
         else:
             sums = torch.stack([g.sum(dtype=torch.float32) for g in grads])
             found = (~sums.isfinite()).any().to(torch.float32)
@@ -93,7 +127,7 @@ def unscale_flag(params: Iterable[torch.Tensor], device: torch.device) -> torch.
     with torch.no_grad():
         for (dev, _), grads in groups.items():
             found = torch.zeros((), dtype=torch.float32, device=dev)
-            torch._amp_foreach_non_finite_check_and_unscale_(grads, found, torch.ones((), dtype=torch.float32, device=dev))
+            check_and_unscale_(grads, found, torch.ones((), dtype=torch.float32, device=dev), write=False)
             flags.append(found.to(device, non_blocking=True))
     if not flags:
         return torch.zeros((), dtype=torch.float32, device=device)

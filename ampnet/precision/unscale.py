@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import torch
 
+from ampnet.precision.checks import check_and_unscale_
+
 __all__ = ["unscale_in_place"]
 
 
@@ -47,7 +49,7 @@ def unscale_in_place(optimizer: torch.optim.Optimizer, inv_scale: torch.Tensor, 
                 inv = inv_scale.to(device, non_blocking=True, copy=True)
                 flags.append(flag)
             for grads in by_dtype.values():
-                torch._amp_foreach_non_finite_check_and_unscale_(grads, flag, inv)
+                check_and_unscale_(grads, flag, inv)
     if len(flags) == 1:
         return found
     return torch.stack([f.to(home, non_blocking=True) for f in flags]).sum()
