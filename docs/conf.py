@@ -34,7 +34,7 @@ extensions = [
     "myst_nb",
 ]
 
-exclude_patterns = ["_build", "jupyter_execute", "**.ipynb_checkpoints"]
+exclude_patterns = ["_build", "_data", "jupyter_execute", "**.ipynb_checkpoints"]
 templates_path: list[str] = []
 html_static_path = ["_static"]
 html_theme = "furo"
