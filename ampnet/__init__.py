@@ -8,7 +8,7 @@ from ampnet.exceptions import AmpDivergenceError, AmpStateError, AmpWarning
 from ampnet.net import AmpNet, AmpNetBinaryClassifier, AmpNetClassifier, AmpNetMixin, AmpNetRegressor
 from ampnet.precision import PrecisionPolicy, resolve_precision
 from ampnet.precision import GradScaler
-from ampnet.plotting import plot_precision
+from ampnet.diagnostics.plotting import plot_precision
 
 #: The package version; pyproject.toml reads it from here.
 __version__ = "0.4.0"

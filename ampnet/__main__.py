@@ -23,7 +23,7 @@ from sklearn.preprocessing import StandardScaler
 
 from ampnet import AmpNetClassifier
 from ampnet.exceptions import AmpWarning
-from ampnet.params import is_auto
+from ampnet.config.params import is_auto
 from ampnet.precision import cpu_has_native_bf16
 
 

@@ -8,7 +8,7 @@ from typing import Any, Callable, TypeVar
 
 from skorch.exceptions import SkorchException
 
-from ampnet.warning_site import recorded_site, user_frame, user_site
+from ampnet.utils.warning_site import recorded_site, user_frame, user_site
 
 __all__ = ["AmpWarning", "AmpDivergenceError", "AmpStateError", "DirectoryLockedError", "amp_warn"]
 
@@ -47,7 +47,7 @@ def amp_warn(message: str, category: type[Warning] = AmpWarning) -> None:
     in the main thread (joblib's threading backend), else at the line
     recorded when the net was pickled to this process (loky's worker
     processes: the user's ``search.fit(X, y)``, see
-    ``ampnet.warning_site``), else at the caller of this function.
+    ``ampnet.utils.warning_site``), else at the caller of this function.
     """
     caller = sys._getframe(1)
     frame, depth = user_frame(caller)

@@ -7,15 +7,15 @@ overrides each skorch method it needs once, delegating to them:
 
 - ``precision_`` (:class:`ampnet.precision.component.Precision`): every
   dtype decision, loss scaling and the module's precision layout;
-- ``parallel_`` (:class:`ampnet.parallel.Parallel`): data-parallel training;
-- ``amp_step_state_`` (:class:`ampnet.step.StepState`): the training step's
-  bookkeeping; the step itself is :func:`ampnet.step.train_step`.
+- ``parallel_`` (:class:`ampnet.training.parallel.Parallel`): data-parallel training;
+- ``amp_step_state_`` (:class:`ampnet.training.step.StepState`): the training step's
+  bookkeeping; the step itself is :func:`ampnet.training.step.train_step`.
 
 Building and changing the components (``initialize``, ``set_params``, all or
-nothing) is :mod:`ampnet.reconfigure`'s work, the choices of ``'auto'``
+nothing) is :mod:`ampnet.config.reconfigure`'s work, the choices of ``'auto'``
 :mod:`ampnet.auto`'s (one call at the start of a fit); saving and loading live
 in :class:`ampnet.io.persistence.PersistenceMixin`. What each parameter is
-(default, check, what a change rebuilds) is :mod:`ampnet.params`'s table.
+(default, check, what a change rebuilds) is :mod:`ampnet.config.params`'s table.
 """
 
 from __future__ import annotations
@@ -28,21 +28,23 @@ from skorch.classifier import NeuralNetBinaryClassifier, NeuralNetClassifier
 from skorch.dataset import unpack_data
 from skorch.regressor import NeuralNetRegressor
 
-from ampnet import auto, reconfigure
-from ampnet import step as steps
-from ampnet._docs import amp_doc
+from ampnet import auto
+
+from ampnet.config import reconfigure
+from ampnet.training import step as steps
+from ampnet.config.docstrings import amp_doc
 from ampnet.callbacks.checkpoint import epochs_to_run
-from ampnet.doctor_hooks import adapt_recording_hooks
+from ampnet.diagnostics.doctor_hooks import adapt_recording_hooks
 from ampnet.exceptions import amp_warn
-from ampnet.warning_site import SITE_ATTRIBUTE, user_site
-from ampnet.flight import nonfinite_loss_message
-from ampnet.net_repr import add_amp_params
-from ampnet.output_checks import check_loss_inputs, check_loss_value, probabilities_summing_to_one
-from ampnet.user_inputs import prepare_fit_inputs, prepare_input
-from ampnet.conversion import ConversionMixin
+from ampnet.utils.warning_site import SITE_ATTRIBUTE, user_site
+from ampnet.diagnostics.flight import nonfinite_loss_message
+from ampnet.config.net_repr import add_amp_params
+from ampnet.training.output_checks import check_loss_inputs, check_loss_value, probabilities_summing_to_one
+from ampnet.training.user_inputs import prepare_fit_inputs, prepare_input
+from ampnet.serving.conversion import ConversionMixin
 from ampnet.io.persistence import PersistenceMixin
-from ampnet.parallel import Parallel
-from ampnet.params import is_auto
+from ampnet.training.parallel import Parallel
+from ampnet.config.params import is_auto
 from ampnet.precision import GradScaler, PrecisionLayout, PrecisionPolicy, autocast_dtype_error, kernel_defaults
 
 __all__ = ["AmpNetMixin", "AmpNet", "AmpNetClassifier", "AmpNetRegressor", "AmpNetBinaryClassifier"]
@@ -176,7 +178,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         live optimizer after the optimizer accepts them, and show in
         ``get_params()``; ``iterator_*`` and ``dataset*`` settings apply
         at the next fit. If anything fails, for any parameter, the net is
-        left exactly as it was (``ampnet.net_state``).
+        left exactly as it was (``ampnet.config.net_state``).
         """
         try:
             reconfigure.set_params(self, kwargs, super().set_params)
@@ -193,7 +195,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
     # ---- fitting --------------------------------------------------------
 
     def partial_fit(self, X, y=None, classes=None, **fit_params):
-        X, y = prepare_fit_inputs(self, X, y)  # a pandas DataFrame X, pandas y (ampnet.user_inputs)
+        X, y = prepare_fit_inputs(self, X, y)  # a pandas DataFrame X, pandas y (ampnet.training.user_inputs)
         if not self.initialized_:
             self.initialize()
         auto.resolve(self, X, y, **fit_params)  # the autos' choices, at the first fit only
@@ -212,7 +214,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
 
     def forward_iter(self, X, training=False, device="cpu"):
         """skorch's ``forward_iter``; a pandas DataFrame ``X`` is read as
-        ``fit`` reads it (``ampnet.user_inputs``), so ``predict``,
+        ``fit`` reads it (``ampnet.training.user_inputs``), so ``predict``,
         ``predict_proba`` and ``score`` take what ``fit`` took."""
         return super().forward_iter(prepare_input(self, X), training=training, device=device)
 
@@ -228,13 +230,13 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
 
     @property
     def _default_callbacks(self):
-        # train_loss: the mean over the batches whose step was applied (ampnet.step.TrainLoss)
+        # train_loss: the mean over the batches whose step was applied (ampnet.training.step.TrainLoss)
         return steps.default_callbacks(super()._default_callbacks)
 
     # ---- the training step ----------------------------------------------
 
     def train_step(self, batch: Any, **fit_params: Any) -> dict[str, Any]:
-        """One micro-batch: see :func:`ampnet.step.train_step` (in the
+        """One micro-batch: see :func:`ampnet.training.step.train_step` (in the
         candidate of its step while ``amp_enabled='auto'`` measures)."""
         if self.amp_step_state_.trial is None:
             return steps.train_step(self, batch, **fit_params)
@@ -339,7 +341,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
     def predict_proba(self, X):
         """skorch's ``predict_proba``; for a classifier whose softmax ran in
         bfloat16 or float16, rows renormalized to sum to 1 within float32's
-        precision (``ampnet.output_checks.probabilities_summing_to_one``)."""
+        precision (``ampnet.training.output_checks.probabilities_summing_to_one``)."""
         return probabilities_summing_to_one(self, super().predict_proba(X))
 
     def get_loss(self, y_pred, y_true, X=None, training=False):
@@ -347,7 +349,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
 
         On the first training batch of a fit, outputs and targets are
         checked for two natural mistakes (logits with ``NLLLoss``, float
-        ``y`` for class indices; ``ampnet.output_checks``)."""
+        ``y`` for class indices; ``ampnet.training.output_checks``)."""
         state = self.__dict__.get("amp_step_state_")
         if training and state is not None and state.check_loss_inputs:
             state.check_loss_inputs = False

@@ -16,16 +16,12 @@ ROOT = pathlib.Path(ampnet.__file__).resolve().parent.parent
 #: ampnet's layers, lowest first: a module may import from its own layer and
 #: the layers below. The first prefix that matches a module names its layer.
 LAYERS = (
-    ("base", ("ampnet.exceptions", "ampnet.warning_site", "ampnet.dtypes", "ampnet._tree", "ampnet.validation",
-              "ampnet.random_state", "ampnet._png_figure", "ampnet._docs")),
+    ("base", ("ampnet.exceptions", "ampnet.utils")),
     ("precision", ("ampnet.precision",)),
-    ("params", ("ampnet.params",)),
-    ("components", ("ampnet.step", "ampnet.parallel", "ampnet.output_checks", "ampnet.no_effect", "ampnet.flight",
-                    "ampnet.diagnosis", "ampnet.net_state", "ampnet.report", "ampnet.user_inputs", "ampnet.io.atomic", "ampnet.io.files",
-                    "ampnet.io.kinds", "ampnet.io.lock", "ampnet.io.optimizer_state", "ampnet.io.reading",
-                    "ampnet.io.rng", "ampnet.io.rollback", "ampnet.io.scheduler_fields", "ampnet.io.schedulers",
-                    "ampnet.io.legacy", "ampnet.io")),
-    ("reconfigure", ("ampnet.reconfigure",)),
+    ("parameter table", ("ampnet.config.params", "ampnet.config.docstrings")),
+    ("components", ("ampnet.training", "ampnet.diagnostics", "ampnet.io", "ampnet.config.net_state",
+                    "ampnet.config.no_effect")),
+    ("configuration", ("ampnet.config",)),
     ("auto", ("ampnet.auto",)),
     ("net", ("ampnet",)),
 )

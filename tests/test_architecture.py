@@ -68,7 +68,7 @@ def test_stack_at_forward_holds_at_most_two_ampnet_files(classifier_data, level)
     assert len(files) <= 2, sorted(files)
 
 
-#: One read per fit, on its first training batch: ampnet.output_checks (is the output of a
+#: One read per fit, on its first training batch: ampnet.training.output_checks (is the output of a
 #: classifier with NLLLoss probabilities?), amortized over _reads_per_batch's 2 x 16 batches.
 PER_FIT = 1 / 32
 
@@ -174,7 +174,7 @@ def test_import_ampnet_in_a_fresh_interpreter():
     import sys
 
     # every import of a submodule runs ampnet/__init__ first: one interpreter covers the order
-    result = subprocess.run([sys.executable, "-c", "import ampnet_bench.contenders, ampnet.export"],
+    result = subprocess.run([sys.executable, "-c", "import ampnet_bench.contenders, ampnet.serving.export"],
                             capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert result.returncode == 0, result.stderr
 
@@ -294,20 +294,20 @@ def test_ampnet_reads_only_skorch_s_private_names_of_a_net():
 
 
 def test_one_constant_lists_the_low_precision_dtypes():
-    from ampnet.dtypes import LOW_PRECISION_DTYPES
+    from ampnet.utils.dtypes import LOW_PRECISION_DTYPES
 
     assert set(LOW_PRECISION_DTYPES) == {torch.float16, torch.bfloat16}
     low = {"float16", "bfloat16", "half"}
     found = []
     for name, path in _source_files():
-        if name == "ampnet.dtypes":
+        if name == "ampnet.utils.dtypes":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.Tuple, ast.List, ast.Set)) and len(node.elts) >= 2:
                 attrs = {e.attr for e in node.elts if isinstance(e, ast.Attribute)}
                 if len(attrs & low) >= 2:
                     found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
-    assert found == [], "use ampnet.dtypes.LOW_PRECISION_DTYPES"
+    assert found == [], "use ampnet.utils.dtypes.LOW_PRECISION_DTYPES"
 
 
 def test_host_reads_are_counted_in_one_place():
@@ -350,8 +350,8 @@ def test_set_params_of_a_live_scaler_setting_checks_once_and_builds_no_precision
         return check
 
     monkeypatch.setattr(component.Precision, "__init__", counting_init)
-    import ampnet.params as params
-    import ampnet.reconfigure as reconfigure
+    import ampnet.config.params as params
+    import ampnet.config.reconfigure as reconfigure
 
     for module in (settings, scaler, params, reconfigure):
         monkeypatch.setattr(module, "validate_scaler_settings", counting_check(module.validate_scaler_settings))

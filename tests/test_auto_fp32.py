@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-import ampnet.report as report_module
+import ampnet.diagnostics.report as report_module
 from ampnet import AmpNetClassifier, AmpWarning
 from ampnet.callbacks.checkpoint import Checkpoint, LoadInitState
 from ampnet.auto.saved import FP32_KEY

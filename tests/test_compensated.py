@@ -376,7 +376,7 @@ def test_switching_to_master_weights_keeps_the_compensated_weights(classifier_da
 
 def test_export_uses_the_compensated_weights(tmp_path, classifier_data):
     pytest.importorskip("onnx")
-    from ampnet.export import _float32_copy
+    from ampnet.serving.export import _float32_copy
 
     net = _net(max_epochs=2).fit(*classifier_data)
     module = _float32_copy(net)  # no AmpWarning: nothing is lost

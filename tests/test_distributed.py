@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from ampnet import AmpNetClassifier
-from ampnet import parallel as ampdist
+from ampnet.training import parallel as ampdist
 from conftest import MLP
 
 WORKER = Path(__file__).with_name("dist_worker.py")

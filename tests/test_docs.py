@@ -21,7 +21,7 @@ import skorch
 
 import ampnet
 from ampnet.io.persistence import PersistenceMixin
-from ampnet.conversion import ConversionMixin
+from ampnet.serving.conversion import ConversionMixin
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -40,11 +40,11 @@ PUBLIC = {
     "ampnet.callbacks": importlib.import_module("ampnet.callbacks").__all__,
     "ampnet.checkpoint": importlib.import_module("ampnet.checkpoint").__all__,
     "ampnet.exceptions": importlib.import_module("ampnet.exceptions").__all__,
-    "ampnet.report": ["PrecisionReport", "ModuleReport"],
+    "ampnet.diagnostics.report": ["PrecisionReport", "ModuleReport"],
     "ampnet.precision.memory": ["MemoryReport"],
     "ampnet.precision.plan": ["PrecisionLayout"],
     "ampnet.auto": ["AutotuneResult"],
-    "ampnet.step": ["train_step", "StepState"],
+    "ampnet.training.step": ["train_step", "StepState"],
     "ampnet.benchmark": ["main"],
 }
 

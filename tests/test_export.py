@@ -18,7 +18,7 @@ from sklearn.datasets import load_digits
 from skorch.exceptions import NotInitializedError
 
 from ampnet import AmpNet, AmpNetBinaryClassifier, AmpNetClassifier, AmpNetRegressor, AmpWarning
-from ampnet.export import EXPORT_FORMATS
+from ampnet.serving.export import EXPORT_FORMATS
 
 
 class DigitsMLP(torch.nn.Module):

@@ -14,7 +14,7 @@ from skorch.callbacks import Callback, GradientNormClipping
 import ampnet
 from ampnet import AmpNetClassifier, AmpWarning
 from ampnet.callbacks import AmpMonitor
-from ampnet.flight import SAMPLE_PER_TENSOR
+from ampnet.diagnostics.flight import SAMPLE_PER_TENSOR
 
 from test_report import Overflowing
 

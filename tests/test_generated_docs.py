@@ -1,5 +1,5 @@
 """The documentation's tables that come from the code agree with it: the
-parameter table (ampnet/params.py) and the module map of docs/architecture.md.
+parameter table (ampnet/config/params.py) and the module map of docs/architecture.md.
 Regenerate both with ``python tools/docs_tables.py``."""
 
 import inspect
@@ -12,7 +12,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "tools"))
 import docs_tables  # noqa: E402
 
 from ampnet import AmpNetMixin  # noqa: E402
-from ampnet.params import PARAMS, constructor_defaults, markdown_table  # noqa: E402
+from ampnet.config.params import PARAMS, constructor_defaults, markdown_table  # noqa: E402
 
 
 @pytest.mark.parametrize("kind", ["params", "modules"])

@@ -1,6 +1,6 @@
 """The end-of-fit warning for a non-finite training loss names the likely
 cause from the record, the evidence considered in order (issue 17, must
-have 5; ``ampnet.flight.nonfinite_loss_message``): bad data, then a
+have 5; ``ampnet.diagnostics.flight.nonfinite_loss_message``): bad data, then a
 classifier's ``NLLLoss`` on outputs that are not probabilities, then a
 float16 overflow (only on evidence of one), then the learning rate. Each
 branch is produced by a run."""
@@ -11,7 +11,7 @@ import torch
 
 from ampnet import AmpNetClassifier, AmpWarning
 from ampnet.callbacks import AmpMonitor
-from ampnet.flight import REPEATED_OVERFLOW_SHARE, REPEATED_OVERFLOWS
+from ampnet.diagnostics.flight import REPEATED_OVERFLOW_SHARE, REPEATED_OVERFLOWS
 
 from test_flight_recorder import Inject, data, fp16_quiet, make_net, skipped_rows
 

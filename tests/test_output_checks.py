@@ -1,4 +1,4 @@
-"""Natural mistakes caught at the first training batch (ampnet.output_checks):
+"""Natural mistakes caught at the first training batch (ampnet.training.output_checks):
 logits with skorch's default NLLLoss (an AmpWarning), float y for class
 indices (a ValueError); valid setups pass without either."""
 

@@ -19,9 +19,9 @@ import pytest
 import torch
 from sklearn.model_selection import GridSearchCV
 
-from ampnet.params import PARAMS, check
+from ampnet.config.params import PARAMS, check
 from ampnet.precision import validate_scaler_settings
-from ampnet.validation import describe, exception_text
+from ampnet.utils.validation import describe, exception_text
 from conftest import small_classifier
 
 NOT_DEVICES = [-1, True, np.True_, 0.5, float("nan"), "meta", torch.device("meta"), 10**30, [0], object()]
@@ -309,7 +309,7 @@ def test_distributed_false_and_auto_are_accepted_on_a_fitted_net():
 def test_set_params_distributed_builds_the_component_at_once_or_keeps_it(monkeypatch):
     import torch.distributed as dist
 
-    import ampnet.parallel as ampdist
+    import ampnet.training.parallel as ampdist
 
     built = []
 

@@ -9,7 +9,7 @@ import torch
 from skorch import NeuralNetClassifier
 
 from ampnet import AmpNet, AmpNetClassifier
-from ampnet.output_checks import probabilities_summing_to_one
+from ampnet.training.output_checks import probabilities_summing_to_one
 
 
 def _data(n=128, classes=5):

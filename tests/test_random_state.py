@@ -1,4 +1,4 @@
-"""ampnet.random_state: every global stream is put back, whatever numpy's bit generator."""
+"""ampnet.utils.random_state: every global stream is put back, whatever numpy's bit generator."""
 
 import random
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from ampnet.random_state import kept_random_state
+from ampnet.utils.random_state import kept_random_state
 
 
 def _draw():

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ampnet import AmpNetClassifier, AmpNetRegressor, AmpWarning
-from ampnet.report import PrecisionReport
+from ampnet.diagnostics.report import PrecisionReport
 from precision_helpers import DigitsCNN, ThreePart, digits_split
 
 pytestmark = pytest.mark.filterwarnings(

@@ -1,5 +1,5 @@
 """The inputs a new user passes first (issue 26): a pandas DataFrame ``X``
-(and pandas ``y``), and a 1-D ``y`` for a regressor (``ampnet.user_inputs``)."""
+(and pandas ``y``), and a 1-D ``y`` for a regressor (``ampnet.training.user_inputs``)."""
 
 import numpy as np
 import pytest

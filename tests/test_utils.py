@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from ampnet._tree import has_nonfinite
+from ampnet.utils.tree import has_nonfinite
 from ampnet.precision.checks import grads_are_finite
-from ampnet.step import may_use_closure, needs_closure
+from ampnet.training.step import may_use_closure, needs_closure
 
 
 def param_with_grad(values, dtype=torch.float32):

@@ -1,5 +1,5 @@
 """The documentation's generated parts, from the code: the parameter table of
-docs/user_guide/precision.md (from ampnet/params.py) and the module map of
+docs/user_guide/precision.md (from ampnet/config/params.py) and the module map of
 docs/architecture.md (every module's layer and the first line of its
 docstring). tests/test_generated_docs.py fails when the pages and the code
 disagree; this rewrites the pages:
@@ -16,7 +16,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests"))
 import import_graph  # noqa: E402  (the one import-graph reader, shared with the tests)
 
-from ampnet.params import markdown_table  # noqa: E402
+from ampnet.config.params import markdown_table  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir)
 PAGES = {

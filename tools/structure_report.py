@@ -30,7 +30,7 @@ import ast  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from ampnet.params import PARAMS  # noqa: E402
+from ampnet.config.params import PARAMS  # noqa: E402
 
 
 def trace(fn):

@@ -11,7 +11,7 @@ device's where mixed precision cannot pay off or the fit is too short to
 measure; else it measures in the fit's first steps (:mod:`ampnet.auto.trial`):
 the net starts in mixed precision and its float32 steps pause autocast.
 Once decided, a float32 choice switches the net in place
-(:func:`ampnet.reconfigure.switch_in_fit`), and the choice is stored.
+(:func:`ampnet.config.reconfigure.switch_in_fit`), and the choice is stored.
 
 - :mod:`ampnet.auto.enabled`: candidates, :class:`AutotuneResult`;
 - :mod:`ampnet.auto.trial`: the measurement and the watch over the choice;
@@ -27,7 +27,7 @@ from typing import Any, Callable
 import torch
 from skorch.callbacks import LoadInitState as SkorchLoadInitState
 
-from ampnet import reconfigure
+from ampnet.config import reconfigure
 from ampnet.auto import cache
 from ampnet.auto.enabled import (
     AutotuneResult, candidate_params, device_choice, label, settings_of, table_of,
@@ -37,9 +37,9 @@ from ampnet.auto.saved import enabled_choice, fp32_choice, plan_choices, write_c
 from ampnet.auto.trial import Trial
 from ampnet.exceptions import amp_warn
 from ampnet.io.files import checkpoint_files, read_params_file
-from ampnet.net_state import all_or_nothing
-from ampnet.params import is_auto
-from ampnet.random_state import kept_random_state
+from ampnet.config.net_state import all_or_nothing
+from ampnet.config.params import is_auto
+from ampnet.utils.random_state import kept_random_state
 
 __all__ = ["resolve", "train_step", "end_epoch", "end_fit", "AutotuneResult", "write_choices", "plan_choices"]
 

@@ -11,7 +11,7 @@ steps are the measurement (:mod:`ampnet.auto.trial`), where the fit has
 training step (:func:`device_choice`). Settings that cannot
 be switched per step (``amp_level='pure'``, master-weight settings,
 ``amp_modules``) are refused with ``'auto'``
-(:func:`ampnet.reconfigure.refuse_unswitchable`): pin them with
+(:func:`ampnet.config.reconfigure.refuse_unswitchable`): pin them with
 ``amp_enabled=True``. What is decided once is remembered on disk
 (:mod:`ampnet.auto.cache`). The user guide's precision page tells the
 whole story; :class:`AutotuneResult` is the record.
@@ -25,7 +25,7 @@ from typing import Any, Mapping
 
 import torch
 
-from ampnet.params import PARAMS, auto_inputs, check, pending_params
+from ampnet.config.params import PARAMS, auto_inputs, check, pending_params
 from ampnet.precision import cpu_has_native_bf16, dtype_name, parse_amp_dtype, resolve_precision
 
 __all__ = ["AutotuneResult", "CHOICE_KEYS", "SETTINGS", "settings_of", "candidate_params", "label",

@@ -5,7 +5,7 @@ wing's door before any callback's ``on_train_begin``), one forward and
 backward pass on the first training batch -- the first ``batch_size`` rows
 of the training split, not shuffled -- finds the modules where an
 activation or gradient overflow of the low-precision range starts
-(:func:`ampnet.report.build_report` recommends them). They are added to the
+(:func:`ampnet.diagnostics.report.build_report` recommends them). They are added to the
 float32 regions through the precision component, exactly as if they had
 been listed in ``amp_fp32_modules``. The probe changes no weight, gradient,
 buffer, optimizer, random stream or history.
@@ -24,9 +24,9 @@ from typing import Any
 
 import sklearn
 
-from ampnet import reconfigure
-from ampnet import report as report_module  # looked up at call time: tests count probes
-from ampnet.random_state import kept_random_state
+from ampnet.config import reconfigure
+from ampnet.diagnostics import report as report_module  # looked up at call time: tests count probes
+from ampnet.utils.random_state import kept_random_state
 
 __all__ = ["resolve_fp32_modules", "split_params"]
 

@@ -12,7 +12,7 @@ a ``LoadInitState`` resume.
 is untrusted input like the rest of the file: :func:`enabled_choice` and
 :func:`fp32_choice` take only well-formed values, and a choice is adopted
 only after the parameter table and the precision component accept it for
-this net (:func:`ampnet.reconfigure.choice_problem`); otherwise the load
+this net (:func:`ampnet.config.reconfigure.choice_problem`); otherwise the load
 warns, naming the file, and ignores the choice: the net measures its own at
 its next fit. Adopting is all or nothing.
 """
@@ -26,9 +26,9 @@ import torch
 from ampnet.exceptions import amp_warn
 from ampnet.io.rollback import Step
 from ampnet.auto.enabled import CHOICE_KEYS, AutotuneResult, label
-from ampnet.params import PARAMS, is_auto
+from ampnet.config.params import PARAMS, is_auto
 from ampnet.precision import module_root
-from ampnet import reconfigure
+from ampnet.config import reconfigure
 
 __all__ = [
     "ENABLED_KEY", "FP32_KEY", "enabled_choice", "fp32_choice", "fp32_problem", "write_choices",
@@ -63,7 +63,7 @@ def enabled_choice(state: Any) -> tuple[dict[str, Any] | None, str | None]:
     """The ``amp_enabled='auto'`` choice in a module state's metadata, as
     ``(params, None)``; ``(None, problem)`` for a malformed one; ``(None,
     None)`` when there is none. Each value is checked by the parameter table
-    (:data:`ampnet.params.PARAMS`) and must be a plain value."""
+    (:data:`ampnet.config.params.PARAMS`) and must be a plain value."""
     root = _root_metadata(state)
     if root is None or ENABLED_KEY not in root:
         return None, None

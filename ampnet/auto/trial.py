@@ -19,8 +19,8 @@ from typing import Any, Callable
 
 import torch
 
-from ampnet._tree import iter_tensors
-from ampnet.dtypes import LOW_PRECISION_DTYPES
+from ampnet.utils.tree import iter_tensors
+from ampnet.utils.dtypes import LOW_PRECISION_DTYPES
 from ampnet.precision import dtype_name
 
 __all__ = ["Trial", "decide", "CLEAR", "DRIFT"]
@@ -118,7 +118,7 @@ class Trial:
             torch.cuda.synchronize(self.device)
 
     def run(self, net: Any, step: Callable[..., dict], batch: Any, **fit_params: Any) -> dict:
-        """One micro-batch through ``step`` (:func:`ampnet.step.train_step`),
+        """One micro-batch through ``step`` (:func:`ampnet.training.step.train_step`),
         in the candidate of its step, timed; a step's end is recorded."""
         state, prec = net.amp_step_state_, net.precision_
         begins = state.micro_batches == 0

@@ -7,8 +7,8 @@ from typing import Any, Callable
 
 from skorch.callbacks import Callback, TensorBoard
 
-from ampnet.flight import FlightRecorder
-from ampnet.step import SKIP_CAUSES
+from ampnet.diagnostics.flight import FlightRecorder
+from ampnet.training.step import SKIP_CAUSES
 
 __all__ = ["AmpMonitor"]
 
@@ -19,7 +19,7 @@ class AmpMonitor(Callback):
 
     Reads what an ampnet net records per batch (``loss_scale``,
     ``step_skipped``, ``skip_cause``) and switches on the net's flight
-    recorder (``ampnet.flight``) for the fit. A good step pays no host
+    recorder (``ampnet.diagnostics.flight``) for the fit. A good step pays no host
     read for it: the per-epoch values stay on the device until the epoch
     ends and are read back once; only skipped steps are replayed.
 
@@ -42,7 +42,7 @@ class AmpMonitor(Callback):
     - ``first_nonfinite``: the name (as in ``module.named_modules()``) of the
       first module whose activations or gradients went non-finite, found by
       replaying the batch on a copy of the module (see
-      ``ampnet.diagnosis``); None if the replay stayed finite. Not
+      ``ampnet.diagnostics.diagnosis``); None if the replay stayed finite. Not
       recorded for bad data (``skip_cause='nonfinite_input'``) nor beyond
       ``max_replays`` skipped steps per epoch. The skips of the loss
       scale's settling (``'overflow'`` skips while a fresh scaler's scale

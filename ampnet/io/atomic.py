@@ -46,7 +46,7 @@ from ampnet.io.lock import DirectoryLock, DirectoryLockedError, directory_locks
 from ampnet.io.numbers import check_values
 from ampnet.io.reading import read_untrusted
 from ampnet.io.structure import brief as describe
-from ampnet.validation import MAX_DEPTH, nesting_depth
+from ampnet.utils.validation import MAX_DEPTH, nesting_depth
 
 __all__ = [
     "atomic_write_group", "recover", "is_path", "read_json", "write_key", "TEMP_SUFFIX",
@@ -77,7 +77,7 @@ def is_path(target: Any) -> bool:
 def read_json(target: Any, source: str, what: str, max_bytes: int) -> Any:
     """Parse JSON from a path (opened as :func:`ampnet.io.reading.open_untrusted`
     does) or an open file, at most ``max_bytes`` long and nested at most
-    :data:`ampnet.validation.MAX_DEPTH` levels deep.
+    :data:`ampnet.utils.validation.MAX_DEPTH` levels deep.
 
     Raises
     ------

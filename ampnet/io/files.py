@@ -17,7 +17,7 @@ from ampnet.io.kinds import max_bytes
 from ampnet.io.numbers import check_values, finite_number
 from ampnet.io.reading import check_torch_file, open_untrusted, read_error, read_untrusted
 from ampnet.io.structure import brief as describe
-from ampnet.validation import (
+from ampnet.utils.validation import (
     all_finite,
     dtype_kind,
     is_int,

@@ -40,7 +40,7 @@ from ampnet.io.pickle_calls import call_problem
 from ampnet.io.skeleton import HashedEntryError, SkeletonUnpickler, StorageRef
 from ampnet.io.structure import brief as describe
 from ampnet.io.structure import check_structure
-from ampnet.validation import is_int
+from ampnet.utils.validation import is_int
 
 __all__ = ["LEGACY_MAGIC", "is_torch_legacy", "check_torch_legacy", "check_zip_pickle", "BoundedReader"]
 

@@ -11,7 +11,7 @@ loaded structure, so that :func:`ampnet.io.files.read_state` and
 :func:`ampnet.io.atomic.read_json` refuse the file with its name and the
 field before any field check reads it; :func:`finite_number` is the
 overflow-safe test that the field checks use (defined in
-:mod:`ampnet.validation`, the lower layer, and re-exported here).
+:mod:`ampnet.utils.validation`, the lower layer, and re-exported here).
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from typing import Any
 
 import torch
 
-# as_float and finite_number live in the lower layer (ampnet.validation, whose
+# as_float and finite_number live in the lower layer (ampnet.utils.validation, whose
 # type_mismatch needs them) and are re-exported here for the field checks
 from ampnet.io.structure import brief as describe
 from ampnet.io.structure import check_structure, refusal
-from ampnet.validation import MAX_DEPTH, as_float, finite_number, is_number, tensor_problem
+from ampnet.utils.validation import MAX_DEPTH, as_float, finite_number, is_number, tensor_problem
 
 __all__ = ["as_float", "finite_number", "unusable_value", "check_values"]
 

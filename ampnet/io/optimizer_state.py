@@ -14,7 +14,7 @@ import torch
 
 from ampnet.io.numbers import finite_number
 from ampnet.io.structure import brief as describe
-from ampnet.validation import (
+from ampnet.utils.validation import (
     MAX_DEPTH,
     all_finite,
     is_bool,

@@ -1,6 +1,6 @@
 """All-or-nothing application of a load: the steps of a load (each the
 change of one file's contents) are applied in order inside one
-:class:`ampnet.net_state.NetSnapshot` of the net that also records the
+:class:`ampnet.config.net_state.NetSnapshot` of the net that also records the
 values of the tensors a load overwrites in place, and one snapshot of the
 global random streams; when a step fails, both are put back, so the net is
 exactly as before. The same snapshot serves ``set_params``, ``initialize``
@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ampnet.net_state import NetSnapshot
-from ampnet.random_state import capture_random_state
+from ampnet.config.net_state import NetSnapshot
+from ampnet.utils.random_state import capture_random_state
 
 __all__ = ["Step", "apply_all"]
 

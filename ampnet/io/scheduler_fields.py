@@ -27,7 +27,7 @@ import torch
 
 from ampnet.io.numbers import as_float, finite_number
 from ampnet.io.structure import brief as describe
-from ampnet.validation import is_bool, is_int, is_number
+from ampnet.utils.validation import is_bool, is_int, is_number
 
 __all__ = ["is_stock", "decode_state", "field_problems", "trial_problem", "RULES", "TRIAL_STEPS"]
 

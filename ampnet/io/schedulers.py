@@ -22,7 +22,7 @@ from skorch.callbacks import LRScheduler
 from ampnet.io.atomic import read_json
 from ampnet.io.kinds import max_bytes
 from ampnet.io.scheduler_fields import decode_state, field_problems, is_stock, trial_problem
-from ampnet.validation import is_bool, type_mismatch
+from ampnet.utils.validation import is_bool, type_mismatch
 
 __all__ = ["lr_scheduler_states", "dumps_lr_scheduler_states", "read_lr_scheduler_states",
            "check_lr_scheduler_states", "plan_lr_schedulers", "restore_lr_schedulers"]

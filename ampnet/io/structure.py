@@ -240,7 +240,7 @@ def _text(value: Any, room: int) -> str:
 
 
 def brief(value: Any, width: int = 80, typed: bool = True) -> str:
-    """``repr`` and type of ``value``, as :func:`ampnet.validation.describe`
+    """``repr`` and type of ``value``, as :func:`ampnet.utils.validation.describe`
     gives them, but built from at most ``width`` characters of entries: a
     structure of any size (or one that holds the same list many times over)
     costs no more than its first entries.

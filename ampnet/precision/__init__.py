@@ -8,7 +8,7 @@ diagnosis) uses of the precision component.
 
 The lowest layer of ampnet above its plain helpers: it knows tensors,
 modules, optimizers and scalers, never a net. It imports nothing from the
-net, :mod:`ampnet.io`, :mod:`ampnet.auto` or :mod:`ampnet.params` (whatever
+net, :mod:`ampnet.io`, :mod:`ampnet.auto` or :mod:`ampnet.config.params` (whatever
 needs the net lives above it), and reads or writes no net's ``__dict__``.
 """
 

@@ -41,7 +41,7 @@ from typing import Iterator, Sequence
 
 import torch
 
-from ampnet.dtypes import LOW_PRECISION_DTYPES
+from ampnet.utils.dtypes import LOW_PRECISION_DTYPES
 
 __all__ = [
     "KEY",

@@ -4,7 +4,7 @@
 parameters (:class:`~ampnet.precision.settings.PrecisionSettings`) and kept
 as the fitted attribute ``precision_``. The net and its training step never
 ask which precision is active: they call the component's hooks, in the order
-of a training step (see :mod:`ampnet.step`):
+of a training step (see :mod:`ampnet.training.step`):
 
 ``attach``/``detach`` (the module's layout: low-precision storage, float32
 master copies, float32 and low-precision regions, memory format),
@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any, Collection, Iterator, Mapping, NamedTuple
 import torch
 from skorch.utils import to_tensor
 
-from ampnet._tree import cast_floating, map_tensors
-from ampnet.dtypes import LOW_PRECISION_DTYPES
+from ampnet.utils.tree import cast_floating, map_tensors
+from ampnet.utils.dtypes import LOW_PRECISION_DTYPES
 from ampnet.precision import compensated as comp
 from ampnet.exceptions import amp_warn
 from ampnet.precision.legacy import remove_legacy_hooks

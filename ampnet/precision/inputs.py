@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from skorch.utils import to_tensor
 
-from ampnet._tree import cast_floating, iter_tensors
+from ampnet.utils.tree import cast_floating, iter_tensors
 
 __all__ = ["match_module_dtype", "has_float64", "autocast_dtype_error"]
 

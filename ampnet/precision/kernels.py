@@ -31,7 +31,7 @@ an optimizer state (:func:`keep_kernels`) keeps the loading optimizer's
 A kernel that ampnet chose follows the net's precision: when a fitted net
 changes its precision layout (``set_params(amp_dtype=..., amp_level=...)``,
 ``amp_enabled``), an optimizer whose kernel ampnet chose
-(:func:`ampnet.reconfigure.ampnet_kernels`) is rebuilt with the kernel chosen for the new
+(:func:`ampnet.config.reconfigure.ampnet_kernels`) is rebuilt with the kernel chosen for the new
 parameters (:func:`kernels_differ`), its state carried over: the kernel
 chosen as above for them, and skorch's kernel with AMP off. Only a kernel
 the user set is checked against (and may be refused by) the new settings.
@@ -47,7 +47,7 @@ from typing import Any, Iterable, Mapping
 
 import torch
 
-from ampnet.dtypes import LOW_PRECISION_DTYPES
+from ampnet.utils.dtypes import LOW_PRECISION_DTYPES
 
 __all__ = [
     "FUSED_OPTIMIZERS", "KERNEL_KEYS", "kernel_defaults", "kernels_differ", "fused_works",

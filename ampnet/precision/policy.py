@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from ampnet.dtypes import LOW_PRECISION_DTYPES
-from ampnet.validation import describe, is_bool
+from ampnet.utils.dtypes import LOW_PRECISION_DTYPES
+from ampnet.utils.validation import describe, is_bool
 
 __all__ = [
     "PrecisionPolicy",

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ampnet._tree import cast_floating
+from ampnet.utils.tree import cast_floating
 from ampnet.precision.policy import dtype_name
 
 __all__ = ["AutocastRegion", "install_region", "remove_regions", "regions_of"]

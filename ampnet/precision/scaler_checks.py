@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from ampnet.precision.scaler_state import cast_setting
-from ampnet.validation import describe, exception_text, is_bool
+from ampnet.utils.validation import describe, exception_text, is_bool
 
 __all__ = ["validate_scaler_settings", "validate_scaler_state", "STATE_VERSION", "FLOAT32_TINY", "FLOAT32_MAX"]
 

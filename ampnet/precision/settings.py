@@ -2,7 +2,7 @@
 before anything is built.
 
 Each value has been checked on its own by the parameter table
-(:func:`ampnet.params.read_settings` calls :func:`build_settings` with the
+(:func:`ampnet.config.params.read_settings` calls :func:`build_settings` with the
 checked values); :func:`build_settings` adds the checks that involve several
 parameters (compensated weights need 'pure', float16 scaling needs a scaler
 that can scale on the device, ...), raising with the parameters, the values,
@@ -22,7 +22,7 @@ import torch
 from ampnet.precision.policy import PrecisionPolicy, resolve_precision
 from ampnet.precision.scaler import GradScaler
 from ampnet.precision.scaler_checks import validate_scaler_settings
-from ampnet.validation import named_with_hints
+from ampnet.utils.validation import named_with_hints
 
 __all__ = [
     "PrecisionSettings", "build_settings", "scaling_enabled",
@@ -64,7 +64,7 @@ def scaling_enabled(policy: PrecisionPolicy, scaler_params: Mapping[str, Any]) -
 
 def build_settings(params: Mapping[str, Any]) -> PrecisionSettings:
     """The :class:`PrecisionSettings` of ``params``, a net's parameters whose
-    values :func:`ampnet.params.check_all` has checked one by one (choices
+    values :func:`ampnet.config.params.check_all` has checked one by one (choices
     in their canonical spelling); this adds the checks that involve several
     parameters.
 

@@ -23,8 +23,8 @@ from typing import Any
 import torch
 
 from ampnet.exceptions import amp_warn
-from ampnet.params import PARAMS, amp_only, check, is_auto
-from ampnet.validation import describe
+from ampnet.config.params import PARAMS, amp_only, check, is_auto
+from ampnet.utils.validation import describe
 
 __all__ = ["ineffective_settings", "warn_ineffective_settings", "is_default"]
 

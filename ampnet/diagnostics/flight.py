@@ -1,7 +1,7 @@
 """The flight recorder of a fit: what :class:`ampnet.callbacks.AmpMonitor`
 adds to the training step.
 
-While an ``AmpMonitor`` watches a fit, the step (:mod:`ampnet.step`) holds
+While an ``AmpMonitor`` watches a fit, the step (:mod:`ampnet.training.step`) holds
 a :class:`FlightRecorder` in ``amp_step_state_.recorder`` and calls it at
 three points: when the unscaled gradients are complete (before
 ``on_grad_computed`` callbacks such as ``GradientNormClipping`` see them),
@@ -26,7 +26,7 @@ Per epoch it measures
   elements of each parameter.
 
 and on each skipped step whose cause is not bad data, it names the first
-module that went non-finite (:func:`ampnet.diagnosis.first_nonfinite`), at
+module that went non-finite (:func:`ampnet.diagnostics.diagnosis.first_nonfinite`), at
 most ``max_replays`` times per epoch; the skips of the loss scale's settling
 at the start of a fit (``"overflow"`` skips from the initial scale down,
 before the first applied step) are replayed without counting.
@@ -40,7 +40,7 @@ from typing import Any, Sequence
 
 import torch
 
-from ampnet.diagnosis import first_nonfinite
+from ampnet.diagnostics.diagnosis import first_nonfinite
 from ampnet.precision import compensation_of, grads_by_device_dtype
 
 __all__ = [
@@ -261,7 +261,7 @@ def nonfinite_loss_message(net: Any) -> str | None:
 
     1. bad data: steps skipped as ``"nonfinite_input"``;
     2. a classifier with ``NLLLoss`` whose module does not return
-       probabilities (the warning of :mod:`ampnet.output_checks` at the
+       probabilities (the warning of :mod:`ampnet.training.output_checks` at the
        first batch of the fit): the log of a negative output is NaN;
     3. a float16 overflow, in float16: steps skipped as ``"overflow"`` with
        the loss scale at its floor or repeatedly (:func:`_overflow_evidence`);
@@ -277,7 +277,7 @@ def nonfinite_loss_message(net: Any) -> str | None:
     loss = net.history[-1].get("train_loss")
     rows = net.history[-1].get("batches") or []
     # the epoch's train_loss is the mean over the batches whose step was applied
-    # (ampnet.step.TrainLoss): a skipped batch's own loss tells of a non-finite one
+    # (ampnet.training.step.TrainLoss): a skipped batch's own loss tells of a non-finite one
     batch_losses = [r["train_loss"] for r in rows if "train_loss" in r]
     nonfinite = sum(1 for x in batch_losses if not math.isfinite(x))
     if loss is None or (math.isfinite(loss) and not nonfinite):

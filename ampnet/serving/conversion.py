@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ampnet.params import check
+from ampnet.config.params import check
 from ampnet.precision import parse_amp_dtype
-from ampnet.report import build_report
+from ampnet.diagnostics.report import build_report
 
 if TYPE_CHECKING:
     from ampnet.precision import MemoryReport
@@ -113,7 +113,7 @@ class ConversionMixin:
 
         Returns
         -------
-        report : ampnet.report.PrecisionReport
+        report : ampnet.diagnostics.report.PrecisionReport
           ``str(report)`` is a text table, ``report.to_dicts()`` a list of
           dicts, ``report.recommended_fp32_modules`` the modules it suggests
           for ``amp_fp32_modules``.
@@ -161,7 +161,7 @@ class ConversionMixin:
 
         The module is exported from its float32 weights (the masters in
         ``amp_level='pure'``), on the CPU, with a dynamic batch size; the net
-        is not changed. See ``ampnet.export``.
+        is not changed. See ``ampnet.serving.export``.
 
         Parameters
         ----------
@@ -188,6 +188,6 @@ class ConversionMixin:
           The path written.
         """
         # the exporter loads torch.onnx / torch.export, which importing ampnet need not
-        from ampnet.export import export_net
+        from ampnet.serving.export import export_net
 
         return export_net(self, path, X_example, format=format, dtype=dtype)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ampnet.step import SKIP_CAUSES
+from ampnet.training.step import SKIP_CAUSES
 
 __all__ = ["plot_precision"]
 
@@ -60,7 +60,7 @@ def plot_precision(net: Any, figsize: tuple[float, float] | None = None) -> Any:
         # optional dependency: matplotlib (the plot extra)
         from matplotlib.ticker import MaxNLocator
 
-        from ampnet._png_figure import PngFigure
+        from ampnet.diagnostics.figure import PngFigure
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ImportError(
             "plot_precision needs matplotlib. Fix: pip install 'ampnet[plot]' (or matplotlib)."

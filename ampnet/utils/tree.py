@@ -8,7 +8,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from ampnet.dtypes import LOW_PRECISION_DTYPES
+from ampnet.utils.dtypes import LOW_PRECISION_DTYPES
 
 __all__ = ["map_tensors", "iter_tensors", "cast_floating", "has_nonfinite", "nonfinite_flag"]
 

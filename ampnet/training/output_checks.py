@@ -9,7 +9,7 @@ skorch trains on, silently, with two mistakes that a new user makes:
 - ``y`` holds floats where ``CrossEntropyLoss`` or ``NLLLoss`` need class
   indices: torch raises "expected scalar type Long but found Float";
 - a 1-D ``y`` for a regressor whose module returns ``(n, 1)``: ``MSELoss``
-  broadcasts them to ``(n, n)`` (:func:`ampnet.user_inputs.check_target_shape`
+  broadcasts them to ``(n, n)`` (:func:`ampnet.training.user_inputs.check_target_shape`
   refuses it, with the fix ``y.reshape(-1, 1)``);
 - the reverse of the first: ``criterion=CrossEntropyLoss`` with a module
   that already returns probabilities (a softmax in ``forward``): the softmax
@@ -42,9 +42,9 @@ import numpy as np
 import torch
 from skorch.classifier import NeuralNetClassifier
 
-from ampnet.dtypes import LOW_PRECISION_DTYPES
+from ampnet.utils.dtypes import LOW_PRECISION_DTYPES
 from ampnet.exceptions import amp_warn
-from ampnet.user_inputs import check_target_shape
+from ampnet.training.user_inputs import check_target_shape
 
 __all__ = ["check_loss_inputs", "check_loss_value", "probabilities_summing_to_one", "PROBABILITY_TOLERANCE",
            "SOFTMAX_TOLERANCE"]
@@ -145,7 +145,7 @@ def check_loss_inputs(net: Any, y_pred: Any, y_true: Any) -> bool:
     not_probabilities : bool
       True when it warned that the outputs are not probabilities under
       ``NLLLoss`` (the net keeps it for the diagnosis of a non-finite loss
-      at the end of the fit, :func:`ampnet.flight.nonfinite_loss_message`).
+      at the end of the fit, :func:`ampnet.diagnostics.flight.nonfinite_loss_message`).
     """
     check_target_shape(net, y_pred, y_true)  # a 1-D y for a regressor's (n, 1) output
     criterion = getattr(net, "criterion_", None)

@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from ampnet.dtypes import LOW_PRECISION_DTYPES
+from ampnet.utils.dtypes import LOW_PRECISION_DTYPES
 
 __all__ = ["adapt_recording_hooks", "ActivationHook", "GradientHook", "GradientOrder",
            "float32_gradient_order"]

@@ -4,8 +4,8 @@ choice.
 
 This table is the one place that says what a parameter is. The constructor's
 defaults (a test compares them), ``initialize`` and ``set_params``
-(:mod:`ampnet.reconfigure`), the warnings for settings that do nothing
-(:mod:`ampnet.no_effect`), the inputs of ``'auto'`` and the parameter table of
+(:mod:`ampnet.config.reconfigure`), the warnings for settings that do nothing
+(:mod:`ampnet.config.no_effect`), the inputs of ``'auto'`` and the parameter table of
 the documentation (:func:`markdown_table`; a test compares it with
 ``docs/user_guide/precision.md``) all read it. Adding a parameter means one row
 here plus the code that uses it.
@@ -28,7 +28,7 @@ import torch
 
 from ampnet.precision import GradScaler, check_device, dtype_name, parse_amp_dtype, parse_selectors
 from ampnet.precision import validate_scaler_settings
-from ampnet.validation import as_float, describe, exception_text, is_bool, named_with_hints
+from ampnet.utils.validation import as_float, describe, exception_text, is_bool, named_with_hints
 
 __all__ = [
     "Param", "PARAMS", "REBUILDS", "INT_MAX", "check", "check_all", "unreadable", "check_names", "is_auto",
@@ -362,7 +362,7 @@ def _names(exc: BaseException, name: str) -> bool:
 def unreadable(name: str, value: Any, exc: BaseException) -> ValueError:
     """The ``ValueError`` for a value of parameter ``name`` whose own
     methods raised ``exc`` while ampnet read it: the parameter, the value
-    (:func:`ampnet.validation.describe`, which never raises), what it raised,
+    (:func:`ampnet.utils.validation.describe`, which never raises), what it raised,
     the parameter's valid values and a fix."""
     row = PARAMS.get(name)
     valid = f" {name}: {row.doc}." if row is not None else ""

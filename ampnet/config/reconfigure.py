@@ -4,13 +4,13 @@
 choices of the autos (:func:`apply_choice`, :func:`apply_fp32_choice`).
 
 What a change rebuilds is the parameter table's to say
-(:func:`ampnet.params.rebuilds`): a live scaler setting changes the live
+(:func:`ampnet.config.params.rebuilds`): a live scaler setting changes the live
 scaler in place, checking that value only (no new ``Precision``); a setting
 of the precision or its layout builds one new ``Precision`` from the checked
 settings and moves the module to its layout once (:func:`relayout`),
 rebuilding the optimizers only where their parameters change or the kernel
 ampnet chose for them does. Every value is checked before anything changes,
-and the changes run inside :func:`ampnet.net_state.all_or_nothing`, which
+and the changes run inside :func:`ampnet.config.net_state.all_or_nothing`, which
 puts the net back if anything raises.
 """
 
@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import torch
 
-from ampnet import step as steps
+from ampnet.training import step as steps
 from ampnet.exceptions import amp_warn
-from ampnet.net_state import all_or_nothing
-from ampnet.no_effect import warn_ineffective_settings
-from ampnet.parallel import build_parallel, rebuild_parallel
-from ampnet.validation import close_names
-from ampnet.params import (
+from ampnet.config.net_state import all_or_nothing
+from ampnet.config.no_effect import warn_ineffective_settings
+from ampnet.training.parallel import build_parallel, rebuild_parallel
+from ampnet.utils.validation import close_names
+from ampnet.config.params import (
     LAYOUT, LIVE_SCALER, NOTHING, PARALLEL, PARAMS, SCALER, auto_inputs, check, check_all, check_names,
     constructor_defaults, is_auto, pending_params, rebuilds,
 )
@@ -68,7 +68,7 @@ def checked_params(net: "AmpNetMixin", changes: Mapping[str, Any] | None = None)
     Raises
     ------
     ValueError, TypeError
-      The first invalid value, naming the parameter (see :mod:`ampnet.params`).
+      The first invalid value, naming the parameter (see :mod:`ampnet.config.params`).
     """
     changes = dict(changes or {})
     params = check_all({**_own_params(net), **changes})
@@ -119,7 +119,7 @@ def read_settings(params: Mapping[str, Any]) -> PrecisionSettings:
 
 def uses_closure(net: "AmpNetMixin") -> bool:
     """Whether the net's optimizers step through skorch's closure path
-    (:func:`ampnet.step.uses_closure`)."""
+    (:func:`ampnet.training.step.uses_closure`)."""
     prec = net.precision_
     return steps.uses_closure(net, prec.scaling, prec.settings.skip_nonfinite, net.gradient_accumulation_steps)
 

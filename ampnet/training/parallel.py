@@ -29,7 +29,7 @@ from skorch.callbacks import TrainEndCheckpoint as SkorchTrainEndCheckpoint
 from skorch.dataset import unpack_data
 from torch.utils.data import DistributedSampler
 
-from ampnet.params import check
+from ampnet.config.params import check
 
 __all__ = ["Parallel", "DataParallel", "build_parallel", "rebuild_parallel"]
 
@@ -249,7 +249,7 @@ def build_parallel(net: Any, closure: bool) -> Parallel:
     whether the net steps through skorch's closure path.
 
     ``net.distributed`` is read through the parameter table
-    (:func:`ampnet.params.check`): ``'AUTO'`` or ``' auto'`` is ``'auto'``,
+    (:func:`ampnet.config.params.check`): ``'AUTO'`` or ``' auto'`` is ``'auto'``,
     a numpy boolean is a bool.
 
     Raises

@@ -1,5 +1,5 @@
 """A matplotlib Figure that shows itself in notebooks (imports matplotlib:
-imported by :mod:`ampnet.plotting` only when a plot is drawn)."""
+imported by :mod:`ampnet.diagnostics.plotting` only when a plot is drawn)."""
 
 from __future__ import annotations
 

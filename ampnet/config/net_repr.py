@@ -13,7 +13,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from ampnet.no_effect import is_default
+from ampnet.config.no_effect import is_default
 
 __all__ = ["amp_param_names", "add_amp_params"]
 

@@ -7,11 +7,11 @@ on the copy only, under the same autocast and loss scale as the step. The
 net's weights, gradients, buffers, optimizer, loss scaler, global random
 streams and history are left exactly as they were. A replay costs about one
 forward and backward pass plus a copy of the module;
-:class:`ampnet.flight.FlightRecorder` replays at most ``max_replays`` skipped
+:class:`ampnet.diagnostics.flight.FlightRecorder` replays at most ``max_replays`` skipped
 steps per epoch (not counting the skips of the loss scale's settling at the
 start of a fit, see there).
 
-The random streams kept (:func:`ampnet.random_state.kept_random_state`):
+The random streams kept (:func:`ampnet.utils.random_state.kept_random_state`):
 torch's CPU generator and, where CUDA is initialized, each CUDA device's;
 numpy's global generator (``np.random.*``, whatever its bit generator); and
 Python's ``random``. A module that draws dropout masks or noise from them
@@ -47,10 +47,10 @@ from typing import Any
 import torch
 from skorch.dataset import unpack_data
 
-from ampnet._tree import has_nonfinite, iter_tensors
+from ampnet.utils.tree import has_nonfinite, iter_tensors
 from ampnet.exceptions import amp_warn
 from ampnet.precision import module_root
-from ampnet.random_state import kept_random_state
+from ampnet.utils.random_state import kept_random_state
 
 __all__ = ["first_nonfinite"]
 

@@ -44,8 +44,8 @@ from skorch.classifier import NeuralNetBinaryClassifier
 
 from ampnet.io.atomic import atomic_write_group
 from ampnet.exceptions import AmpWarning, amp_warn
-from ampnet._tree import cast_floating
-from ampnet.dtypes import LOW_PRECISION_DTYPES
+from ampnet.utils.tree import cast_floating
+from ampnet.utils.dtypes import LOW_PRECISION_DTYPES
 from ampnet.precision import Precision, module_root
 from ampnet.precision import remove_state_hooks
 from ampnet.precision import DTYPE_ALIASES, dtype_name

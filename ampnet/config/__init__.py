@@ -1,0 +1,1 @@
+"""Configuration: the one table of AMP parameters, building and changing a net's precision (initialize, set_params, load), all-or-nothing changes, settings without effect, the net's repr and the parameters' docstrings."""
