@@ -12,7 +12,8 @@ overrides each skorch method it needs once, delegating to them:
   bookkeeping; the step itself is :func:`ampnet.training.step.train_step`.
 
 Building and changing the components (``initialize``, ``set_params``, all or
-nothing) is :mod:`ampnet.config.reconfigure`'s work, the choices of ``'auto'``
+nothing): the net calls skorch's methods and, around them,
+:mod:`ampnet.config.reconfigure` to check and plan, then to apply; the choices of ``'auto'``
 :mod:`ampnet.auto`'s (one call at the start of a fit); saving and loading live
 in :class:`ampnet.io.persistence.PersistenceMixin`. What each parameter is
 (default, check, what a change rebuilds) is :mod:`ampnet.config.params`'s table.
@@ -31,6 +32,8 @@ from skorch.regressor import NeuralNetRegressor
 from ampnet import auto
 
 from ampnet.config import reconfigure
+from ampnet.config.net_state import all_or_nothing
+from ampnet.config.no_effect import warn_ineffective_settings
 from ampnet.training import step as steps
 from ampnet.config.docstrings import amp_doc
 from ampnet.callbacks.checkpoint import epochs_to_run
@@ -131,7 +134,12 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         the precision, step and data-parallel components. All or nothing:
         if anything fails, the net is left exactly as it was (an
         initialized net keeps its module, optimizer and precision)."""
-        reconfigure.initialize(self, super().initialize)
+        plan = reconfigure.plan_initialize(self)  # every check: nothing has changed when one refuses
+        with all_or_nothing(self):
+            reconfigure.build_precision(self, plan)
+            super().initialize()
+            reconfigure.build_training(self)
+        warn_ineffective_settings(self)
         return self
 
     def initialize_grad_scaler(self) -> "AmpNetMixin":
@@ -141,7 +149,9 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         return self
 
     def _initialize_module(self, reason: str | None = None) -> "AmpNetMixin":
-        reconfigure.initialize_module(self, super()._initialize_module, reason)
+        reconfigure.detach_layout(self)  # an instance module is reused by skorch
+        super()._initialize_module(reason=reason)
+        reconfigure.attach_layout(self)
         return self
 
     def get_params_for_optimizer(self, prefix: str, named_parameters: Any) -> tuple[tuple, dict]:
@@ -181,7 +191,12 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin):
         left exactly as it was (``ampnet.config.net_state``).
         """
         try:
-            reconfigure.set_params(self, kwargs, super().set_params)
+            change = reconfigure.plan_change(self, kwargs)  # every check: nothing has changed when one refuses
+            with all_or_nothing(self):
+                reconfigure.before_skorch(self, change)
+                if change.skorch:
+                    super().set_params(**change.skorch)
+                reconfigure.apply_change(self, change)
         except ValueError as exc:  # an unknown name: the close valid one, where there is one
             raise reconfigure.with_name_hints(exc, self, kwargs) from exc.__cause__
         return self

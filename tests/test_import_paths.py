@@ -10,6 +10,7 @@ MOVED = {
     "ampnet.report": "ampnet.diagnostics.report",
     "ampnet.user_inputs": "ampnet.training.user_inputs",
     "ampnet.random_state": "ampnet.utils.random_state",
+    "ampnet.parallel": "ampnet.training.parallel",  # in ampnet 0.3's pickles
 }
 
 

@@ -25,7 +25,7 @@ from typing import Any, Mapping
 
 import torch
 
-from ampnet.config.params import PARAMS, auto_inputs, check, pending_params
+from ampnet.config.params import PARAMS, auto_inputs, pending_params, parsed
 from ampnet.precision import cpu_has_native_bf16, dtype_name, parse_amp_dtype, resolve_precision
 
 __all__ = ["AutotuneResult", "CHOICE_KEYS", "SETTINGS", "settings_of", "candidate_params", "label",
@@ -150,9 +150,9 @@ def candidate_params(net: Any) -> tuple[list[dict[str, Any]], str | None]:
     initialized ``'auto'`` net, and why mixed precision is not worth a
     training step here (None when it is to be measured)."""
     device = torch.device(net.device or "cpu")
-    memory_format = check("memory_format", net.memory_format)
+    memory_format = parsed(net, "memory_format")
     float32 = pending_params(memory_format)
-    dtype = parse_amp_dtype(check("amp_dtype", net.amp_dtype))
+    dtype = parse_amp_dtype(parsed(net, "amp_dtype"))
     try:
         dtype = dtype or resolve_precision(True, "auto", device).compute_dtype
     except ValueError as exc:  # no autocast for this device

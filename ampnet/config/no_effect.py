@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from ampnet.exceptions import amp_warn
-from ampnet.config.params import PARAMS, amp_only, check, is_auto
+from ampnet.config.params import PARAMS, amp_only, is_auto, parsed
 from ampnet.utils.validation import describe
 
 __all__ = ["ineffective_settings", "warn_ineffective_settings", "is_default"]
@@ -49,7 +49,7 @@ def is_default(net: Any, name: str) -> bool:
         return True
     if name in PARAMS and not isinstance(default, type):
         try:  # one rule for string choices: 'Mixed ' is the default 'mixed'
-            value = check(name, value)
+            value = parsed(net, name)
         except (ValueError, TypeError):
             return False
     if isinstance(value, str) and isinstance(default, str):
@@ -93,7 +93,7 @@ def ineffective_settings(net: Any) -> list[str]:
                 f"{'it, or leave it at its default' if one else 'them, or leave them at their defaults'}."
             )
     else:
-        if policy.level == "mixed" and check("amp_master_weights", net.amp_master_weights) is False:
+        if policy.level == "mixed" and parsed(net, "amp_master_weights") is False:
             notes.append(
                 "amp_master_weights=False has no effect with amp_level='mixed' (the weights "
                 "are float32 already). Set amp_level='pure' to use it, or drop it."
@@ -106,7 +106,7 @@ def ineffective_settings(net: Any) -> list[str]:
                 "amp_modules. It trains as amp_level='mixed'."
             )
     module = getattr(net, "module_", None)
-    if check("memory_format", net.memory_format) == "channels_last" and isinstance(module, torch.nn.Module):
+    if parsed(net, "memory_format") == "channels_last" and isinstance(module, torch.nn.Module):
         if not _has_4d(module):
             notes.append(
                 f"memory_format='channels_last' has no effect: {type(module).__name__} has no "

@@ -28,11 +28,13 @@ import torch
 
 from ampnet.precision import GradScaler, check_device, dtype_name, parse_amp_dtype, parse_selectors
 from ampnet.precision import validate_scaler_settings
+from ampnet.precision import AMP_LEVELS, LIVE_SETTINGS, SCALER_DEFAULTS
 from ampnet.utils.validation import as_float, describe, exception_text, is_bool, named_with_hints
 
 __all__ = [
     "Param", "PARAMS", "REBUILDS", "INT_MAX", "check", "check_all", "unreadable", "check_names", "is_auto",
-    "rebuilds", "auto_inputs", "constructor_defaults", "amp_only", "pending_params", "markdown_table",
+    "rebuilds", "auto_inputs", "constructor_defaults", "amp_only", "pending_params", "CHOICE_PARAMS", "MODULE_PARAMS", "ParsedParams", "PARSED_ATTRIBUTE",
+    "parsed", "markdown_table",
     "NOTHING", "LIVE_SCALER", "SCALER", "STEP", "PRECISION", "LAYOUT", "PARALLEL",
 ]
 
@@ -240,7 +242,7 @@ _ROWS = [
     _row("amp_dtype", "auto", _amp_dtype, (LAYOUT, SCALER), auto_input=True, amp_only=True,
          doc="'auto' (bfloat16 where supported, else float16), 'bfloat16' or 'float16'"),
     _row("amp_level", "mixed",
-         _choice("amp_level", ("mixed", "pure"),
+         _choice("amp_level", AMP_LEVELS,
                  "amp_level='mixed' (float32 weights, autocast) or 'pure' (weights stored in low precision)."),
          (LAYOUT,), auto_input=True, amp_only=True,
          doc="'mixed': float32 weights under autocast; 'pure': weights stored in the low-precision dtype"),
@@ -280,14 +282,12 @@ _ROWS = [
     _row("device", "cpu", _device, (SCALER, PRECISION), auto_input=True,
          doc="skorch's device; AMP follows it"),
 ]
-# the loss scaler's settings (ampnet.GradScaler's; another scaler class has its own)
-_LIVE = ("growth_factor", "backoff_factor", "growth_interval", "min_scale", "max_scale", "hysteresis")
-_SCALER_DEFAULTS = {"init_scale": 2.0**16, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000,
-                    "min_scale": 1.0, "max_scale": 2.0**24, "hysteresis": 1, "enabled": True, "dynamic": True}
-for _name, _default in _SCALER_DEFAULTS.items():
+# the loss scaler's settings: ampnet.GradScaler's own defaults and live settings (another scaler class
+# has its own)
+for _name, _default in SCALER_DEFAULTS.items():
     _ROWS.append(_row(f"grad_scaler__{_name}", _default, _scaler_setting(_name),
-                      (LIVE_SCALER,) if _name in _LIVE else (SCALER,),
-                      doc="loss-scaler setting" + (", changed on the live scaler" if _name in _LIVE else "")))
+                      (LIVE_SCALER,) if _name in LIVE_SETTINGS else (SCALER,),
+                      doc="loss-scaler setting" + (", changed on the live scaler" if _name in LIVE_SETTINGS else "")))
 _ROWS += [
     _row("amp_autotune__steps", 6,
          _int_at_least("amp_autotune__steps", 1, 100, "leave it at 6, or pass an int in [1, 100]."),
@@ -440,11 +440,68 @@ def constructor_defaults() -> dict[str, Any]:
     return {row.name: row.default for row in _ROWS if "__" not in row.name and row.name != "device"}
 
 
+#: The precision parameters that ``amp_enabled='auto'`` chooses (its candidates set them).
+CHOICE_PARAMS = ("amp_enabled", "amp_dtype", "amp_level", "amp_master_weights", "memory_format")
+
+#: The parameters that act on the net's ``module_`` (its precision layout): a net without one
+#: (skorch's custom module names) keeps their defaults.
+MODULE_PARAMS = ("amp_level", "amp_fp32_modules", "amp_modules", "memory_format")
+
+
 def pending_params(memory_format: Any = "preserve") -> dict[str, Any]:
     """The precision parameters of an ``'auto'`` net before it has chosen:
-    float32, in the memory format it was given (the baseline candidate)."""
-    return {"amp_enabled": False, "amp_dtype": "auto", "amp_level": "mixed", "amp_master_weights": True,
+    float32 (the table's defaults, AMP off), in the memory format it was
+    given (the baseline candidate)."""
+    return {**{name: PARAMS[name].default for name in CHOICE_PARAMS}, "amp_enabled": False,
             "memory_format": memory_format}
+
+
+class ParsedParams(Mapping[str, Any]):
+    """A net's AMP parameters as ampnet reads them, each checked once by
+    :func:`check` (string choices in their canonical spelling): the
+    constructor's parameters, ``device`` and the ``grad_scaler__*``
+    settings. ``initialize()`` and ``set_params`` parse them; every other
+    reader reads them here (:func:`parsed`). Read-only."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self, values: Mapping[str, Any]) -> None:
+        object.__setattr__(self, "_values", dict(values))
+
+    def __getitem__(self, name: str) -> Any:
+        return self._values[name]
+
+    def __iter__(self):
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("ParsedParams is read-only: change a net's parameters with set_params")
+
+    def __getstate__(self) -> dict[str, Any]:
+        return dict(self._values)
+
+    def __setstate__(self, values: dict[str, Any]) -> None:
+        object.__setattr__(self, "_values", dict(values))
+
+    def __repr__(self) -> str:
+        return f"ParsedParams({self._values!r})"
+
+
+#: The attribute under which a net keeps its :class:`ParsedParams`.
+PARSED_ATTRIBUTE = "amp_params_"
+
+
+def parsed(net: Any, name: str) -> Any:
+    """Parameter ``name`` of ``net`` as ``initialize()`` or ``set_params``
+    parsed it; checked now where the net holds no parse of it (never
+    initialized, or unpickled from an older ampnet)."""
+    values = net.__dict__.get(PARSED_ATTRIBUTE)
+    if values is not None and name in values:
+        return values[name]
+    return check(name, getattr(net, name))
 
 
 def markdown_table() -> str:

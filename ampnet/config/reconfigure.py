@@ -1,35 +1,41 @@
-"""Building and changing a net's components, all or nothing: the work behind
-``AmpNetMixin.initialize`` (with ``initialize_grad_scaler`` and
-``_initialize_module``) and ``set_params``, and switching a net to the
-choices of the autos (:func:`apply_choice`, :func:`apply_fp32_choice`).
+"""Building and changing a net's components, all or nothing: what
+``AmpNetMixin.initialize``, ``_initialize_module``, ``initialize_grad_scaler``
+and ``set_params`` do around skorch's own methods, and switching a net to
+the choices of the autos (:func:`apply_choice`, :func:`switch_in_fit`,
+:func:`apply_fp32_choice`).
 
-What a change rebuilds is the parameter table's to say
-(:func:`ampnet.config.params.rebuilds`): a live scaler setting changes the live
-scaler in place, checking that value only (no new ``Precision``); a setting
-of the precision or its layout builds one new ``Precision`` from the checked
-settings and moves the module to its layout once (:func:`relayout`),
-rebuilding the optimizers only where their parameters change or the kernel
-ampnet chose for them does. Every value is checked before anything changes,
-and the changes run inside :func:`ampnet.config.net_state.all_or_nothing`, which
-puts the net back if anything raises.
+The net owns the sequence: it calls this module to check and plan (nothing
+changes), then skorch's method, then this module to apply, inside one
+:func:`ampnet.config.net_state.all_or_nothing`. Nothing here calls back
+into skorch's methods that the net overrides.
+
+The net's AMP parameters are parsed once, by ``initialize()`` and
+``set_params`` (:func:`parse`), into the net's
+:class:`ampnet.config.params.ParsedParams`; every later reader reads them
+there. What a change rebuilds is the parameter table's to say
+(:func:`ampnet.config.params.rebuilds`): a live scaler setting changes the
+live scaler in place, checking that value only (no new ``Precision``); a
+setting of the precision or its layout builds one new ``Precision`` from
+the checked settings and moves the module to its layout once
+(:func:`relayout`), rebuilding the optimizers only where their parameters
+change or the kernel ampnet chose for them does.
 """
 
 from __future__ import annotations
 
 import inspect
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Mapping
 
 import torch
 
 from ampnet.training import step as steps
 from ampnet.exceptions import amp_warn
-from ampnet.config.net_state import all_or_nothing
-from ampnet.config.no_effect import warn_ineffective_settings
 from ampnet.training.parallel import build_parallel, rebuild_parallel
 from ampnet.utils.validation import close_names
 from ampnet.config.params import (
-    LAYOUT, LIVE_SCALER, NOTHING, PARALLEL, PARAMS, SCALER, auto_inputs, check, check_all, check_names,
-    constructor_defaults, is_auto, pending_params, rebuilds,
+    LAYOUT, LIVE_SCALER, MODULE_PARAMS, NOTHING, PARALLEL, PARAMS, PARSED_ATTRIBUTE, SCALER, ParsedParams,
+    auto_inputs, check, check_all, check_names, constructor_defaults, is_auto, parsed, pending_params, rebuilds,
 )
 from ampnet.precision import (
     COMPENSATION_KEY, GradScaler, Precision, PrecisionSettings, build_scaler, build_settings, compensation_of,
@@ -41,29 +47,56 @@ if TYPE_CHECKING:
     from ampnet.net import AmpNetMixin
 
 __all__ = [
-    "checked_params", "read_settings", "uses_closure", "ampnet_kernels", "initialize", "initialize_grad_scaler",
-    "initialize_module", "set_params", "relayout", "apply_choice", "switch_in_fit", "apply_fp32_choice",
-    "choice_problem", "refuse_unswitchable",
-    "with_name_hints",
+    "parse", "checked_params", "uses_closure", "ampnet_kernels", "InitPlan", "plan_initialize", "build_precision",
+    "build_training", "detach_layout", "attach_layout", "initialize_grad_scaler", "Change", "plan_change", "before_skorch",
+    "apply_change", "relayout", "apply_choice", "switch_in_fit", "apply_fp32_choice", "choice_problem",
+    "refuse_unswitchable", "with_name_hints",
 ]
 
 #: The scaler bounds that a live change of one of them is checked against.
 _BOUNDS = ("init_scale", "min_scale", "max_scale")
 
+#: Parameters that a fitted net stores for the next fit (no component is rebuilt).
+STORED_PREFIXES = ("iterator_train", "iterator_valid", "dataset")
+
+
+# ---- parsing, once ---------------------------------------------------------------------------------
+
 
 def _own_params(net: "AmpNetMixin") -> dict[str, Any]:
     """The net's AMP parameters as set (the table's constructor parameters,
-    the device and the ``grad_scaler__*`` settings)."""
+    the device and the ``grad_scaler__*`` settings), raw."""
     params = {name: getattr(net, name) for name in [*constructor_defaults(), "device"]}
     params.update({"grad_scaler__" + k: v for k, v in net.get_params_for("grad_scaler").items()})
     return params
 
 
-def checked_params(net: "AmpNetMixin", changes: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The net's AMP parameters after ``changes``, each checked by the
-    parameter table (string choices in their canonical spelling), with
-    ``amp_enabled='auto'`` standing for its choice (float32 before it, or
-    when ``changes`` drop it).
+def _is_own(name: str) -> bool:
+    return name in PARAMS and "__" not in name or name.startswith("grad_scaler__")
+
+
+def parse(net: "AmpNetMixin", changes: Mapping[str, Any] | None = None, fresh: bool = False) -> ParsedParams:
+    """The net's AMP parameters after ``changes``, each checked once: the
+    parse the net holds (``fresh``: its raw values, parsed now) with the
+    changed ones parsed.
+
+    Raises
+    ------
+    ValueError, TypeError
+      The first invalid value, naming the parameter (see :mod:`ampnet.config.params`).
+    """
+    held = None if fresh else net.__dict__.get(PARSED_ATTRIBUTE)
+    values = dict(held) if held is not None else check_all(_own_params(net))
+    values.update(check_all({k: v for k, v in (changes or {}).items() if _is_own(k)}))
+    return ParsedParams(values)
+
+
+def checked_params(net: "AmpNetMixin", changes: Mapping[str, Any] | None = None,
+                   values: ParsedParams | None = None) -> dict[str, Any]:
+    """The parameters the net trains with after ``changes`` (``values``:
+    their parse, when the caller has it), with ``amp_enabled='auto'``
+    standing for its choice (float32 before it, or when ``changes`` drop
+    it). What ``'auto'`` may choose is checked too.
 
     Raises
     ------
@@ -71,7 +104,7 @@ def checked_params(net: "AmpNetMixin", changes: Mapping[str, Any] | None = None)
       The first invalid value, naming the parameter (see :mod:`ampnet.config.params`).
     """
     changes = dict(changes or {})
-    params = check_all({**_own_params(net), **changes})
+    params = dict(values if values is not None else parse(net, changes))
     if not is_auto(params["amp_enabled"]):
         return params
     # what 'auto' may choose must be valid (a master-weights setting narrows it to 'pure')
@@ -79,7 +112,7 @@ def checked_params(net: "AmpNetMixin", changes: Mapping[str, Any] | None = None)
     if device is not None and torch.amp.is_autocast_available(device.type) and (
             device.type != "cuda" or torch.cuda.is_available()):
         refuse_unswitchable(params)
-        read_settings({**params, "amp_enabled": True})
+        build_settings({**params, "amp_enabled": True})
     choice = None if auto_inputs().intersection(changes) else net.__dict__.get("amp_autotune_")
     return {**params, **(choice.params if choice is not None else pending_params(params["memory_format"]))}
 
@@ -111,10 +144,9 @@ def _is_device(value: Any) -> bool:
     return True
 
 
-def read_settings(params: Mapping[str, Any]) -> PrecisionSettings:
-    """The precision settings of checked parameters (:func:`checked_params`),
-    with the checks that involve several of them."""
-    return build_settings(params)
+def _settings(net: "AmpNetMixin") -> PrecisionSettings:
+    """The precision settings the net trains with, from its parse."""
+    return build_settings(checked_params(net, values=parse(net)))
 
 
 def uses_closure(net: "AmpNetMixin") -> bool:
@@ -132,164 +164,239 @@ def ampnet_kernels(net: "AmpNetMixin") -> frozenset[str]:
     return frozenset(n for n in net._optimizers if not user_chose_kernel(net.get_params_for(n)))
 
 
-def _scaler_params(net: "AmpNetMixin") -> dict[str, Any]:
-    return net.get_params_for("grad_scaler")
+# ---- initialize(): the net calls plan_initialize, build_precision, skorch's initialize, build_training ----
 
 
-def initialize(net: "AmpNetMixin", skorch_initialize: Callable[[], Any]) -> None:
-    """``net.initialize()``: check every AMP setting, then build the
-    precision component, skorch's components (``skorch_initialize``), the
-    step state and the data-parallel component, all or nothing."""
-    params = checked_params(net)
-    probe = net.get_params_for("amp_autotune")
-    check_names("amp_autotune", probe)  # for any amp_enabled: a typo is an error
-    check_all({"amp_autotune__" + k: v for k, v in probe.items()})
-    settings = read_settings(params)
-    with all_or_nothing(net):
-        was_initialized = net.initialized_
-        with net._current_init_context("grad_scaler"):
-            kwargs = {"grad_scaler__" + k: v for k, v in net.get_params_for("grad_scaler").items()}
-            if was_initialized and net.verbose and kwargs:
-                print(net._format_reinit_msg("grad_scaler", kwargs))
-            old, module = net.__dict__.get("precision_"), net.__dict__.get("module_")
-            if old is not None and isinstance(module, torch.nn.Module):
-                old.detach(module)  # float32 again: skorch may reuse the instance
-            net.__dict__["precision_"] = Precision.build(settings, _scaler_params(net))
-        if "precision_" not in net.cuda_dependent_attributes_:
-            # pickled together with optimizer_, so that the masters stay
-            # the optimizer's parameters
-            net.cuda_dependent_attributes_ = [*net.cuda_dependent_attributes_, "precision_"]
-        net.__dict__.pop("amp_step_state_", None)
-        skorch_initialize()
-        net.amp_step_state_ = steps.StepState(closure=uses_closure(net))
-        with net._current_init_context("parallel"):
-            net.parallel_ = build_parallel(net, net.amp_step_state_.closure)
-    warn_ineffective_settings(net)
+@dataclass(frozen=True)
+class InitPlan:
+    """What ``initialize()`` builds, checked: the parse and the settings."""
+
+    values: ParsedParams
+    settings: PrecisionSettings
+
+
+def plan_initialize(net: "AmpNetMixin") -> InitPlan:
+    """Every check of ``initialize()``, before anything changes: the net's
+    parameters parsed afresh (they may have been set since), the
+    ``amp_autotune__*`` names and values, and the precision settings.
+
+    Raises
+    ------
+    ValueError, TypeError
+      The first invalid value, naming the parameter.
+    """
+    values = parse(net, fresh=True)
+    tuned = net.get_params_for("amp_autotune")
+    check_names("amp_autotune", tuned)  # for any amp_enabled: a typo is an error
+    check_all({"amp_autotune__" + k: v for k, v in tuned.items()})
+    return InitPlan(values, build_settings(checked_params(net, values=values)))
+
+
+def build_precision(net: "AmpNetMixin", plan: InitPlan) -> None:
+    """The precision component of ``plan`` (a new loss scaler, skorch's
+    re-init message for it), before skorch initializes the rest; the
+    parse kept on the net."""
+    with net._current_init_context("grad_scaler"):
+        kwargs = {"grad_scaler__" + k: v for k, v in net.get_params_for("grad_scaler").items()}
+        if net.initialized_ and net.verbose and kwargs:
+            print(net._format_reinit_msg("grad_scaler", kwargs))
+        detach_layout(net)  # float32 again: skorch may reuse the module instance
+        net.__dict__["precision_"] = Precision.build(plan.settings, net.get_params_for("grad_scaler"))
+    net.__dict__[PARSED_ATTRIBUTE] = plan.values
+    if "precision_" not in net.cuda_dependent_attributes_:
+        # pickled together with optimizer_, so that the masters stay the optimizer's parameters
+        net.cuda_dependent_attributes_ = [*net.cuda_dependent_attributes_, "precision_"]
+    net.__dict__.pop("amp_step_state_", None)
+
+
+def build_training(net: "AmpNetMixin") -> None:
+    """The step state and the data-parallel component, after skorch's
+    components are built."""
+    net.amp_step_state_ = steps.StepState(closure=uses_closure(net))
+    with net._current_init_context("parallel"):
+        net.parallel_ = build_parallel(net, net.amp_step_state_.closure)
+
+
+def detach_layout(net: "AmpNetMixin") -> None:
+    """Take the precision layout off the module (before skorch reuses or
+    replaces it)."""
+    prec, module = net.__dict__.get("precision_"), net.__dict__.get("module_")
+    if prec is not None and isinstance(module, torch.nn.Module):
+        prec.detach(module)
+
+
+def attach_layout(net: "AmpNetMixin") -> None:
+    """Put the precision layout on the module skorch left (a precision
+    component built first where skorch's ``_initialize_module`` ran on its
+    own). A net without ``module_`` keeps the module parameters' defaults.
+
+    Raises
+    ------
+    ValueError
+      A module parameter set on a net without ``module_``.
+    """
+    prec = net.__dict__.get("precision_")
+    if prec is None:
+        prec = net.__dict__["precision_"] = Precision.build(_settings(net), net.get_params_for("grad_scaler"))
+    module = net.__dict__.get("module_")
+    if isinstance(module, torch.nn.Module):
+        prec.attach(module, trimmed=getattr(net, "_trimmed_for_prediction", False))
+    elif any(parsed(net, name) != PARAMS[name].default for name in MODULE_PARAMS):
+        # skorch allows nets without a ``module_`` (custom module names):
+        # autocast applies as usual; per-module control has no module to act on
+        raise ValueError(
+            f"{', '.join(MODULE_PARAMS[:-1])} and {MODULE_PARAMS[-1]} act on the net's 'module_', which this net "
+            "does not have. Fix: keep their defaults, or name the main module 'module_'."
+        )
 
 
 def initialize_grad_scaler(net: "AmpNetMixin") -> None:
     """``net.initialize_grad_scaler()``: a new loss scaler from the net's
-    ``grad_scaler`` and ``grad_scaler__*`` parameters."""
-    net.precision_.scaler = build_scaler(read_settings(checked_params(net)), _scaler_params(net))
+    ``grad_scaler`` and ``grad_scaler__*`` parameters (parsed afresh)."""
+    values = parse(net, fresh=True)
+    scaler = build_scaler(build_settings(checked_params(net, values=values)), net.get_params_for("grad_scaler"))
+    net.precision_.scaler = scaler
+    net.__dict__[PARSED_ATTRIBUTE] = values
     net.amp_step_state_.scale = None
     net.amp_step_state_.closure = uses_closure(net)
 
 
-def initialize_module(net: "AmpNetMixin", skorch_initialize_module: Callable[..., Any], reason: str | None) -> None:
-    """``net._initialize_module(reason)``: skorch's (``skorch_initialize_module``),
-    between detaching the precision layout from the module skorch may reuse
-    and attaching it to the module it leaves."""
-    prec = net.__dict__.get("precision_")
-    module = net.__dict__.get("module_")
-    if prec is not None and isinstance(module, torch.nn.Module):
-        prec.detach(module)  # an instance module is reused by skorch
-    skorch_initialize_module(reason=reason)
-    if prec is None:
-        # skorch's _initialize_module() called on its own
-        prec = net.__dict__["precision_"] = Precision.build(read_settings(checked_params(net)), _scaler_params(net))
-    module = net.__dict__.get("module_")
-    if isinstance(module, torch.nn.Module):
-        prec.attach(module, trimmed=getattr(net, "_trimmed_for_prediction", False))
-    elif any(check(name, getattr(net, name)) != PARAMS[name].default
-             for name in ("amp_level", "amp_fp32_modules", "amp_modules", "memory_format")):
-        # skorch allows nets without a ``module_`` (custom module names):
-        # autocast applies as usual; per-module control has no module to act on
-        raise ValueError(
-            "amp_level, amp_fp32_modules, amp_modules and memory_format act on "
-            "the net's 'module_', which this net does not have. Fix: keep their "
-            "defaults, or name the main module 'module_'."
-        )
+# ---- set_params(): the net calls plan_change, skorch's set_params with change.skorch, apply_change ----
 
 
-def set_params(net: "AmpNetMixin", kwargs: dict[str, Any], skorch_set_params: Callable[..., Any]) -> None:
-    """``net.set_params(**kwargs)``, all or nothing (``skorch_set_params``:
-    skorch's own, for the parameters it handles). On a fitted net every
-    value is checked before anything changes, and only what the parameter
-    table says the change rebuilds is rebuilt."""
+@dataclass
+class Change:
+    """A checked ``set_params`` call, planned: nothing has changed yet.
+
+    ``kind`` is ``'store'`` (a net not initialized: skorch's parameters
+    and ampnet's stored), ``'live'`` (loss-scaler settings the live scaler
+    takes, and settings that rebuild nothing) or ``'rebuild'`` (what the
+    parameter table says the change rebuilds). ``skorch`` holds what
+    skorch's ``set_params`` sets.
+    """
+
+    kind: str
+    kwargs: dict[str, Any]
+    own: dict[str, Any]
+    skorch: dict[str, Any]
+    stored: dict[str, Any] = field(default_factory=dict)
+    values: ParsedParams | None = None
+    new: Precision | None = None
+    checked: bool = False
+
+
+def _split(kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     # grad_scaler and grad_scaler__* are ampnet's to handle: skorch would
     # treat the "grad_scaler" prefix as a module and refuse it
     own = {k: v for k, v in kwargs.items()
            if k == "grad_scaler" or k.startswith(("grad_scaler__", "amp_autotune__"))}
-    others = {k: v for k, v in kwargs.items() if k not in own}
+    return own, {k: v for k, v in kwargs.items() if k not in own}
+
+
+def _tuned(own: Mapping[str, Any]) -> dict[str, Any]:
+    return {k.split("__", 1)[1]: v for k, v in own.items() if k.startswith("amp_autotune__")}
+
+
+def _live(own: Mapping[str, Any]) -> dict[str, Any]:
+    return {k.split("__", 1)[1]: v for k, v in own.items() if k.startswith("grad_scaler__")}
+
+
+def plan_change(net: "AmpNetMixin", kwargs: dict[str, Any]) -> Change:
+    """Every check of ``net.set_params(**kwargs)``, before anything changes.
+
+    Raises
+    ------
+    ValueError, TypeError
+      An invalid value or name, naming the parameter.
+    """
+    own, others = _split(kwargs)
     if not net.initialized_:
-        with all_or_nothing(net):
-            skorch_set_params(**others)
-            net.__dict__.update(own)
-        return
-    if not others and rebuilds(kwargs) <= {LIVE_SCALER, NOTHING} and _set_live(net, own):
-        return
-    # every check first: nothing has changed when one refuses
-    params = checked_params(net, kwargs)
-    check_names("amp_autotune", {**net.get_params_for("amp_autotune"),
-                                 **{k.split("__", 1)[1]: v for k, v in own.items() if k.startswith("amp_autotune__")}})
-    settings = read_settings(params)
+        return Change("store", kwargs, own, others)
+    if not others and rebuilds(kwargs) <= {LIVE_SCALER, NOTHING} and _takes_live(net.precision_.scaler, _live(own)):
+        _check_live(net, own)  # the one check of these values
+        values = ParsedParams({**parse(net), **{k: v for k, v in own.items() if _is_own(k)}})
+        return Change("live", kwargs, own, {}, values=values)
+    values = parse(net, kwargs)
+    params = checked_params(net, kwargs, values)
+    check_names("amp_autotune", {**net.get_params_for("amp_autotune"), **_tuned(own)})
     new_optimizer = any(k.split("__")[0] in net._optimizers for k in kwargs)
-    # the one Precision of this call; _apply_precision gives it its scaler
-    new = Precision(settings, net.precision_.scaler)
+    # the one Precision of this call; apply_change gives it its scaler
+    new = Precision(build_settings(params), net.precision_.scaler)
     checked = not (getattr(net, "_trimmed_for_prediction", False) or new_optimizer)
     if checked:  # a kernel ampnet chose is chosen again for the new layout
         new.check_optimizers([(n, getattr(net, n + "_")) for n in net._optimizers], ampnet_kernels(net))
-    # read at the next fit: skorch re-initializes nothing for them (and
-    # refuses them on an initialized net)
+    # read at the next fit: skorch re-initializes nothing for them (and refuses them on an initialized net)
     stored = {k: v for k, v in others.items() if k.startswith(STORED_PREFIXES)}
-    others = {k: v for k, v in others.items() if k not in stored}
-    with all_or_nothing(net):
-        if stored:
-            vars(net).update(stored)
-            net._params_to_validate.update(stored)
-            net._validate_params()
-        # kept as parameters (skorch's virtual setter forgets them), and
-        # before skorch's set_params, so that a re-initialized optimizer has them
-        vars(net).update(_optimizer_settings(net, others))
-        if others:
-            skorch_set_params(**others)
-        _check_optimizers_accept(net, others)
-        _drop_choice_on_new_probe_settings(
-            net, {k.split("__", 1)[1]: v for k, v in own.items() if k.startswith("amp_autotune__")})
-        net.__dict__.update(own)
-        if auto_inputs().intersection(kwargs):
-            net.__dict__.pop("amp_autotune_", None)  # the next fit probes again
-        _apply_precision(net, new, sorted(kwargs), checked)
-        if PARALLEL in rebuilds(kwargs):  # refused as initialize() refuses it (True without a process group)
-            net.parallel_ = rebuild_parallel(net, net.parallel_, net.amp_step_state_.closure)
+    skorch = {k: v for k, v in others.items() if k not in stored}
+    return Change("rebuild", kwargs, own, skorch, stored, values, new, checked)
 
 
-#: Parameters that a fitted net stores for the next fit (no component is rebuilt).
-STORED_PREFIXES = ("iterator_train", "iterator_valid", "dataset")
+def before_skorch(net: "AmpNetMixin", change: Change) -> None:
+    """What is set before skorch's ``set_params``: the settings stored for
+    the next fit, and the optimizer settings, kept as parameters (skorch's
+    virtual setter forgets them) so that a re-initialized optimizer has them."""
+    if change.kind != "rebuild":
+        return
+    if change.stored:
+        vars(net).update(change.stored)
+        net._params_to_validate.update(change.stored)
+        net._validate_params()
+    vars(net).update(_optimizer_settings(net, change.skorch))
 
 
-def _set_live(net: "AmpNetMixin", own: dict[str, Any]) -> bool:
-    """Set loss-scaler settings that the live scaler takes in place, and
-    settings that rebuild nothing, checking those values only; False (and
-    nothing changed) where the live scaler cannot take them (torch's scaler
-    without the setter, or disabled)."""
-    scaler = net.precision_.scaler
-    live = {k.split("__", 1)[1]: v for k, v in own.items() if k.startswith("grad_scaler__")}
-    if live and not isinstance(scaler, GradScaler) and not (
-            scaler.is_enabled() and all(hasattr(scaler, f"set_{k}") for k in live)):
-        return False
-    tuned = {k.split("__", 1)[1]: v for k, v in own.items() if k.startswith("amp_autotune__")}
+def apply_change(net: "AmpNetMixin", change: Change) -> None:
+    """The change, after skorch's ``set_params``: ampnet's parameters set,
+    ``'auto'``'s choice dropped where its inputs changed, and what the
+    parameter table says the change rebuilds."""
+    if change.kind == "store":
+        net.__dict__.update(change.own)
+        return
+    if change.kind == "rebuild":
+        _check_optimizers_accept(net, change.skorch)
+    _drop_choice_on_new_probe_settings(net, _tuned(change.own))
+    net.__dict__.update(change.own)
+    net.__dict__[PARSED_ATTRIBUTE] = change.values
+    if change.kind == "live":
+        _set_live_settings(net.precision_.scaler, _live(change.own))
+        net.amp_step_state_.scale = None
+        return
+    if auto_inputs().intersection(change.kwargs):
+        net.__dict__.pop("amp_autotune_", None)  # the next fit measures again
+    _apply_precision(net, change.new, sorted(change.kwargs), change.checked)
+    if PARALLEL in rebuilds(change.kwargs):  # refused as initialize() refuses it (True without a process group)
+        net.parallel_ = rebuild_parallel(net, net.parallel_, net.amp_step_state_.closure)
+
+
+def _takes_live(scaler: Any, live: Mapping[str, Any]) -> bool:
+    """Whether ``scaler`` takes the settings ``live`` in place: ampnet's
+    scaler always; torch's own while enabled and with a setter for each."""
+    return not live or isinstance(scaler, GradScaler) or (
+        scaler.is_enabled() and all(hasattr(scaler, f"set_{k}") for k in live))
+
+
+def _set_live_settings(scaler: Any, live: Mapping[str, Any]) -> None:
+    """Set checked ``live`` settings on ``scaler`` in place (see :func:`_takes_live`)."""
+    if isinstance(scaler, GradScaler):
+        scaler.apply_settings(**live)
+    else:  # torch's own scaler: its setters
+        for name, value in live.items():
+            getattr(scaler, f"set_{name}")(value)
+
+
+def _check_live(net: "AmpNetMixin", own: Mapping[str, Any]) -> None:
+    """The checks of a live change: the ``amp_autotune__*`` names, each
+    value, and the scaler settings together with the bounds they keep."""
+    tuned, live = _tuned(own), _live(own)
     if tuned:
         check_names("amp_autotune", tuned)
     for name, value in own.items():
         if not name.startswith("grad_scaler__"):
             check(name, value)
     if live:
+        scaler = net.precision_.scaler
         current = scaler.get_settings() if isinstance(scaler, GradScaler) else {}
         bounds = {k: current[k] for k in _BOUNDS if k in current and k not in live} if set(live) & set(_BOUNDS) else {}
         validate_scaler_settings(**{**bounds, **live})  # the one check of these values
-    # every value is checked (also as the plain number the scaler keeps); should anything
-    # below raise all the same, the net is put back
-    with all_or_nothing(net):
-        _drop_choice_on_new_probe_settings(net, tuned)
-        net.__dict__.update(own)
-        if isinstance(scaler, GradScaler):
-            scaler.apply_settings(**live)
-        else:  # torch's own scaler: its setters
-            for name, value in live.items():
-                getattr(scaler, f"set_{name}")(value)
-        net.amp_step_state_.scale = None
-    return True
 
 
 def _drop_choice_on_new_probe_settings(net: "AmpNetMixin", tuned: Mapping[str, Any]) -> None:
@@ -335,28 +442,20 @@ def _apply_precision(net: "AmpNetMixin", new: Precision, changed: list[str], che
     or a new one) and the module's layout. Values are not checked again;
     the optimizers are, unless ``checked``."""
     prec, settings = net.precision_, new.settings
-    scaler_params = _scaler_params(net)  # the settings' one stored copy (set by now)
-    scaler_kw = {k.split("__", 1)[1] for k in changed if k.startswith("grad_scaler__")}
+    scaler_params = net.get_params_for("grad_scaler")  # the settings' one stored copy (set by now)
+    live = {k: scaler_params[k] for k in (name.split("__", 1)[1] for name in changed if name.startswith("grad_scaler__"))}
     rebuilt = rebuilds(changed)
-    rebuild_scaler = SCALER in rebuilt
     moves = LAYOUT in rebuilt
     scaler = prec.scaler
-    if rebuild_scaler:
+    if SCALER in rebuilt:
         reasons = sorted(k for k in changed if SCALER in rebuilds([k]))
         if net.verbose:
             print(net._format_reinit_msg("grad_scaler", dict.fromkeys(reasons)))
         scaler = build_scaler(settings, scaler_params)
-    elif scaler_kw:
-        live = {k: scaler_params[k] for k in scaler_kw}
-        if isinstance(scaler, GradScaler):
-            scaler.apply_settings(**live)  # read_settings has checked the values
-        else:  # torch's own scaler: its setters, or a new one
-            for name, value in live.items():
-                setter = getattr(scaler, f"set_{name}", None)
-                if setter is None or not scaler.is_enabled():
-                    scaler = build_scaler(settings, scaler_params)
-                    break
-                setter(value)
+    elif live and _takes_live(scaler, live):
+        _set_live_settings(scaler, live)  # the values were checked with the settings
+    elif live:  # torch's own scaler without a setter for one of them: a new one
+        scaler = build_scaler(settings, scaler_params)
     new.scaler = scaler
     if not (checked or getattr(net, "_trimmed_for_prediction", False)):  # refuse before the module changes
         new.check_optimizers([(n, getattr(net, n + "_")) for n in net._optimizers], ampnet_kernels(net))
@@ -367,7 +466,7 @@ def _apply_precision(net: "AmpNetMixin", new: Precision, changed: list[str], che
         new.layout, new.masters = prec.layout, prec.masters
         net.__dict__["precision_"] = new
         if moves and not getattr(net, "_trimmed_for_prediction", False) and _kernels_changed(net):
-            _rebuild_optimizers(net, layout_changed)
+            _rebuild_optimizers(net, _carried_states(net), _changing(net, layout_changed))
     net.__dict__["precision_"] = new
     net.amp_step_state_.scale = None
     net.amp_step_state_.closure = uses_closure(net)
@@ -387,7 +486,7 @@ def relayout(net: "AmpNetMixin", old: Precision, new: Precision, changed: list[s
     net.__dict__["precision_"] = new
     # float32 parameters throughout and the kernel ampnet would choose: the optimizer is still right
     if moved or _kernels_changed(net):
-        _rebuild_optimizers(net, changed)
+        _rebuild_optimizers(net, _carried_states(net), _changing(net, changed))
 
 
 def _kernels_changed(net: "AmpNetMixin") -> bool:
@@ -404,19 +503,44 @@ def _kernels_changed(net: "AmpNetMixin") -> bool:
     return False
 
 
-def _rebuild_optimizers(net: "AmpNetMixin", changed: list[str]) -> None:
-    """Build the optimizers afresh for the module's new layout (with the
-    kernel for it), carrying their state over where the parameters line up."""
-    states = {n: getattr(net, n + "_").state_dict() for n in net._optimizers}
-    net._initialize_optimizer(reason=net._format_reinit_msg("optimizer", dict.fromkeys(changed)))
+@dataclass(frozen=True)
+class _Why:
+    """Why the optimizers are rebuilt: skorch's re-init message (None: no
+    message) and the words of the warning for a state that does not fit."""
+
+    reinit: str | None
+    words: str
+
+
+def _changing(net: "AmpNetMixin", changed: list[str]) -> _Why:
+    return _Why(net._format_reinit_msg("optimizer", dict.fromkeys(changed)), f"after changing {', '.join(changed)}")
+
+
+def _carried_states(net: "AmpNetMixin", names: list[str] | None = None) -> dict[str, dict]:
+    """The optimizers' states to carry over (``names``: those optimizers
+    only; default: all, empty states included)."""
+    if names is None:
+        return {n: getattr(net, n + "_").state_dict() for n in net._optimizers}
+    return {n: getattr(net, n + "_").state_dict() for n in names if getattr(net, n + "_").state}
+
+
+def _rebuild_optimizers(net: "AmpNetMixin", states: Mapping[str, dict], why: _Why) -> None:
+    """Build the optimizers afresh for the module's layout (with the kernel
+    for it), with skorch's re-init message where ``why`` has one, and carry
+    ``states`` over where the parameters line up (else a warning, and that
+    optimizer starts afresh)."""
+    if why.reinit is not None:
+        net._initialize_optimizer(reason=why.reinit)
+    else:
+        with net._current_init_context("optimizer"):
+            net.initialize_optimizer()
+        net.precision_.check_optimizers([(n, getattr(net, n + "_")) for n in net._optimizers])
     for name, state in states.items():
+        optimizer = getattr(net, name + "_")
         try:
-            optimizer = getattr(net, name + "_")
             optimizer.load_state_dict(keep_kernels(optimizer, state))
         except ValueError as exc:
-            amp_warn(
-                f"The state of {name} could not be carried over after changing "
-                f"{', '.join(changed)} ({exc}); it starts afresh.")
+            amp_warn(f"The state of {name} could not be carried over {why.words} ({exc}); it starts afresh.")
 
 
 def apply_choice(net: "AmpNetMixin", result: "AutotuneResult", carry: bool = True) -> None:
@@ -429,8 +553,8 @@ def apply_choice(net: "AmpNetMixin", result: "AutotuneResult", carry: bool = Tru
     net.__dict__["amp_autotune_"] = result
     if pending is not None and all(pending[k] == v for k, v in result.params.items()):
         return  # the choice is what the net trains with before choosing (float32): nothing changes
-    settings = read_settings(checked_params(net))
-    old, new = net.precision_, Precision.build(settings, _scaler_params(net))
+    settings = _settings(net)
+    old, new = net.precision_, Precision.build(settings, net.get_params_for("grad_scaler"))
     trimmed = getattr(net, "_trimmed_for_prediction", False)
     names = [n for n in net._optimizers if isinstance(net.__dict__.get(n + "_"), torch.optim.Optimizer)]
     module = net.__dict__.get("module_")
@@ -438,19 +562,10 @@ def apply_choice(net: "AmpNetMixin", result: "AutotuneResult", carry: bool = Tru
     kept = compensation_of([getattr(net, n + "_") for n in names]) if carry and settings.compensated else {}
     if isinstance(module, torch.nn.Module):
         new.take_over(old, module, trimmed, [getattr(net, n + "_") for n in names])
-    states = {n: getattr(net, n + "_").state_dict() for n in names if carry and getattr(net, n + "_").state}
+    states = _carried_states(net, names) if carry else {}
     net.__dict__["precision_"] = new
     if not trimmed:
-        with net._current_init_context("optimizer"):
-            net.initialize_optimizer()
-        new.check_optimizers([(n, getattr(net, n + "_")) for n in net._optimizers])
-        for name, state in states.items():
-            optimizer = getattr(net, name + "_")
-            try:
-                optimizer.load_state_dict(keep_kernels(optimizer, state))
-            except ValueError as exc:
-                amp_warn(f"The state of {name} could not be carried over to the settings of "
-                         f"amp_enabled='auto' ({exc}); it starts afresh.")
+        _rebuild_optimizers(net, states, _Why(None, "to the settings of amp_enabled='auto'"))
         for name in net._optimizers if kept else ():
             optimizer = getattr(net, name + "_")
             for p in (p for group in optimizer.param_groups for p in group["params"]):
@@ -468,7 +583,7 @@ def switch_in_fit(net: "AmpNetMixin", result: "AutotuneResult") -> None:
     ``LRScheduler`` hold) kept with their state. Mixed precision and float32
     share the module's layout (float32 weights, the same memory format)."""
     net.__dict__["amp_autotune_"] = result
-    old, new = net.precision_, Precision.build(read_settings(checked_params(net)), _scaler_params(net))
+    old, new = net.precision_, Precision.build(_settings(net), net.get_params_for("grad_scaler"))
     module = net.__dict__.get("module_")
     if isinstance(module, torch.nn.Module):
         new.take_over(old, module, getattr(net, "_trimmed_for_prediction", False))
@@ -498,7 +613,7 @@ def choice_problem(net: "AmpNetMixin", params: Mapping[str, Any]) -> str | None:
     settings are refused together with the net's others, or its optimizers
     cannot serve them; None when it can."""
     try:
-        settings = read_settings({**checked_params(net), **params})
+        settings = build_settings({**checked_params(net), **params})
         Precision(settings, net.precision_.scaler).check_optimizers(
             [(n, o) for n in net._optimizers if isinstance(o := net.__dict__.get(n + "_"), torch.optim.Optimizer)],
             ampnet_kernels(net))  # applying the choice rebuilds them with the kernel for it

@@ -25,10 +25,10 @@ from ampnet.precision.masters import remove_state_hooks
 from ampnet.precision.memory import MemoryReport, measure_memory
 from ampnet.precision.plan import PrecisionLayout, is_inside
 from ampnet.precision.policy import (
-    DTYPE_ALIASES, PrecisionPolicy, cpu_has_native_bf16, dtype_name, parse_amp_dtype, resolve_precision,
+    AMP_LEVELS, DTYPE_ALIASES, PrecisionPolicy, cpu_has_native_bf16, dtype_name, parse_amp_dtype, resolve_precision,
 )
 from ampnet.precision.regions import remove_regions
-from ampnet.precision.scaler import GradScaler
+from ampnet.precision.scaler import DEFAULTS as SCALER_DEFAULTS, LIVE_SETTINGS, GradScaler
 from ampnet.precision.scaler_checks import validate_scaler_settings, validate_scaler_state
 from ampnet.precision.selectors import parse_selectors
 from ampnet.precision.settings import PrecisionSettings, build_settings, init_param_names
@@ -44,6 +44,9 @@ __all__ = [
     "parse_amp_dtype",
     "resolve_precision",
     # used by the rest of ampnet
+    "AMP_LEVELS",
+    "LIVE_SETTINGS",
+    "SCALER_DEFAULTS",
     "COMPENSATION_KEY",
     "FLOAT16_SAFE_COMPENSATED",
     "SUPPORTED_COMPENSATED",

@@ -32,7 +32,7 @@ from ampnet.precision.scaler_checks import (  # noqa: F401  (re-exported)
 )
 
 __all__ = [
-    "GradScaler", "validate_scaler_settings", "validate_scaler_state", "move_scaler",
+    "GradScaler", "DEFAULTS", "LIVE_SETTINGS", "validate_scaler_settings", "validate_scaler_state", "move_scaler",
     "copy_to_device",
 ]
 
@@ -45,6 +45,12 @@ LIVE_SETTINGS = (
     "max_scale",
     "hysteresis",
 )
+
+#: The constructor's settings and their defaults (the parameter table's ``grad_scaler__*`` rows read them).
+DEFAULTS = {
+    "init_scale": 2.0**16, "growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000,
+    "min_scale": 1.0, "max_scale": 2.0**24, "hysteresis": 1, "enabled": True, "dynamic": True,
+}
 
 #: Stages of an optimizer in the current step (what torch calls OptState).
 _UNSCALED, _STEPPED = "unscaled", "stepped"

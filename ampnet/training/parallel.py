@@ -29,7 +29,7 @@ from skorch.callbacks import TrainEndCheckpoint as SkorchTrainEndCheckpoint
 from skorch.dataset import unpack_data
 from torch.utils.data import DistributedSampler
 
-from ampnet.config.params import check
+from ampnet.config.params import parsed
 
 __all__ = ["Parallel", "DataParallel", "build_parallel", "rebuild_parallel"]
 
@@ -259,7 +259,7 @@ def build_parallel(net: Any, closure: bool) -> Parallel:
       without a process group, NCCL with a CPU device, a closure optimizer,
       or learnable parameters outside ``module_``.
     """
-    mode = check("distributed", net.distributed)
+    mode = parsed(net, "distributed")
     on = _process_group_ready() if mode == "auto" else mode
     if not on:
         return Parallel()
@@ -313,7 +313,7 @@ def rebuild_parallel(net: Any, current: Parallel, closure: bool) -> Parallel:
     ValueError
       As :func:`build_parallel`.
     """
-    mode = check("distributed", net.distributed)
+    mode = parsed(net, "distributed")
     on = _process_group_ready() if mode == "auto" else mode
     if bool(on) == isinstance(current, DataParallel) and (not on or _process_group_ready()):
         return current
