@@ -5,7 +5,10 @@ on a fitted float16 net and of a whole ``amp_enabled='auto'`` fit (ampnet files
 entered, ``Precision`` objects built, parameter checks, traced with
 ``sys.setprofile``), lists of parameter names in the code, ampnet files on the
 stack at the module's forward, skorch methods overridden more than once, host
-reads per training batch, and the largest module.
+reads per training batch, the largest modules, the longest functions, the
+package's top level and the size of ``io/``, and the re-entries into
+``reconfigure.py`` while it is on the stack (configuration that climbs back
+up through skorch) during ``initialize()`` and ``set_params``.
 
     python tools/structure_report.py            # this checkout
     PYTHONPATH=/path/to/other python tools/structure_report.py
@@ -30,7 +33,10 @@ import ast  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from ampnet.config.params import PARAMS  # noqa: E402
+try:
+    from ampnet.config.params import PARAMS  # noqa: E402
+except ImportError:  # ampnet before its sub-packages (0.4.0's layout)
+    from ampnet.params import PARAMS  # noqa: E402
 
 
 def trace(fn):
@@ -63,6 +69,37 @@ def trace(fn):
     return sorted(files), built[0], checks[0]
 
 
+def bounces(fn):
+    """Run ``fn()`` and count, for ``reconfigure.py`` and ``params.py``, the
+    entries into the file from another file (visits), and the re-entries
+    into ``reconfigure.py`` while a frame of it is already on the stack
+    (configuration that climbs back up: reconfigure -> skorch -> net ->
+    reconfigure)."""
+    visits = {"reconfigure.py": 0, "params.py": 0, "re-entries": 0}
+
+    def profile(frame, event, arg):
+        if event != "call" or frame.f_back is None:
+            return
+        name = os.path.basename(frame.f_code.co_filename)
+        caller = frame.f_back.f_code.co_filename
+        if name not in visits or os.path.basename(caller) == name or "ampnet" not in frame.f_code.co_filename:
+            return
+        visits[name] += 1
+        below = frame.f_back
+        while name == "reconfigure.py" and below is not None:
+            if below.f_code.co_filename.endswith("reconfigure.py"):
+                visits["re-entries"] += 1
+                break
+            below = below.f_back
+
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return visits
+
+
 def walks():
     rng = np.random.RandomState(0)
     X = rng.randn(128, 20).astype(np.float32)
@@ -72,6 +109,9 @@ def walks():
     files, built, checks = trace(lambda: net.set_params(grad_scaler__growth_factor=4))
     print(f"set_params(grad_scaler__growth_factor=4), fitted fp16 net: {len(files)} ampnet files entered "
           f"{files}, {built} Precision built, {checks} parameter checks")
+    print("re-entries into reconfigure.py while it is on the stack (climbs back up): initialize()",
+          bounces(lambda: net.initialize())["re-entries"], "/ set_params(amp_dtype='bfloat16')",
+          bounces(lambda: net.set_params(amp_dtype="bfloat16"))["re-entries"])
     # auto's walks: a fit that measures in its own steps, and the next one, which reads the stored choice
     # (ampnet 0.4's probe, for comparison with older checkouts: amp_autotune__budget=None made it measure)
     import tempfile
@@ -92,6 +132,8 @@ def parameter_lists():
     names = {n for n in PARAMS if "__" not in n}
     found = []
     for module, path in import_graph.source_files():
+        if module.endswith(".params"):  # the table itself
+            continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
                 values = [e.value for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
@@ -159,6 +201,26 @@ def main():
                 with open(path) as fh:
                     sizes.append((sum(1 for _ in fh), os.path.relpath(path, root)))
     print("largest modules:", sorted(sizes, reverse=True)[:3])
+    print("longest functions:", longest_functions(root)[:6])
+    top = sorted(f[:-3] for f in os.listdir(root) if f.endswith(".py"))
+    packages = sorted(d for d in os.listdir(root) if os.path.isfile(os.path.join(root, d, "__init__.py")))
+    print(f"top level: {len(top)} modules {top}, {len(packages)} sub-packages {packages}")
+    io_sizes = [(n, p) for n, p in sizes if p.startswith("io" + os.sep)]
+    print(f"io/: {len(io_sizes)} files, {sum(n for n, _ in io_sizes)} lines")
+
+
+def longest_functions(root):
+    """(lines, 'file:function') of every function in ampnet, longest first."""
+    found = []
+    for folder, _, files in os.walk(root):
+        for f in files:
+            if f.endswith(".py"):
+                path = os.path.join(folder, f)
+                for node in ast.walk(ast.parse(open(path).read())):
+                    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                        found.append((node.end_lineno - node.lineno + 1,
+                                      f"{os.path.relpath(path, root)}:{node.name}"))
+    return sorted(found, reverse=True)
 
 
 if __name__ == "__main__":
