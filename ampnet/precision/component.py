@@ -545,14 +545,14 @@ def build_scaler(settings: PrecisionSettings, scaler_params: Mapping[str, Any]) 
 
     ``scaler_params`` are the net's ``grad_scaler__*`` settings without the
     prefix (``net.get_params_for('grad_scaler')``), which
-    :func:`~ampnet.precision.settings.read_settings` has checked: the net's
+    :func:`~ampnet.precision.settings.build_settings` has checked: the net's
     parameters are their one stored copy, read here when a scaler is built.
     A class is built with them. An instance is a
     hyper-parameter: the net trains a copy on its own device type (``fit``
     must not change the instance, and clones must not share a training
     state). Where no loss scaling runs (AMP off, bfloat16) the copy is
     disabled, with the instance's settings, so that one net serves a grid
-    over ``amp_enabled`` or ``amp_dtype``. :func:`~ampnet.precision.settings.read_settings`
+    over ``amp_enabled`` or ``amp_dtype``. :func:`~ampnet.precision.settings.build_settings`
     has refused the scalers that cannot scale on the net's device.
     """
 

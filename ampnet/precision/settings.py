@@ -2,8 +2,9 @@
 before anything is built.
 
 Each value has been checked on its own by the parameter table
-(:func:`ampnet.config.params.read_settings` calls :func:`build_settings` with the
-checked values); :func:`build_settings` adds the checks that involve several
+(``initialize`` and ``set_params`` parse them once, with
+:func:`ampnet.config.reconfigure.parse`, and call :func:`build_settings` with
+the checked values); :func:`build_settings` adds the checks that involve several
 parameters (compensated weights need 'pure', float16 scaling needs a scaler
 that can scale on the device, ...), raising with the parameters, the values,
 the valid choices and a fix. It touches no net, module or scaler, so that

@@ -5,7 +5,7 @@ skorch trains on, silently, with two mistakes that a new user makes:
 - a classifier keeps skorch's default ``criterion=NLLLoss``, for which skorch
   takes the log of the module's output as probabilities, but the module
   returns logits: the log of negative values is NaN, and training ends with
-  garbage (issue 16: 0.25-0.64 accuracy on scikit-learn's wine, NaN log loss);
+  garbage (a new user saw 0.25-0.64 accuracy on scikit-learn's wine, NaN log loss);
 - ``y`` holds floats where ``CrossEntropyLoss`` or ``NLLLoss`` need class
   indices: torch raises "expected scalar type Long but found Float";
 - a 1-D ``y`` for a regressor whose module returns ``(n, 1)``: ``MSELoss``
