@@ -209,7 +209,7 @@ class GradScaler(torch.amp.GradScaler):
     def apply_settings(self, **settings: Any) -> None:
         """:meth:`set_settings` for values already checked (a net's
         ``set_params`` checks them once, with the parameter table and
-        :func:`ampnet.precision.settings.build_settings`)."""
+        ``ampnet.precision.build_settings``)."""
         own = self._ampnet_settings
         for name, value in settings.items():
             own[name] = cast_setting(name, value)
