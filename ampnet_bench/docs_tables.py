@@ -267,9 +267,19 @@ def table_markdown(entry: dict[str, Any]) -> list[str]:
         if t["median"] is None:
             lines.append(f"| {label} {bound} | {PLACEHOLDER} | |")
             continue
-        met = "" if t["met"] is None else ("yes" if t["met"] else "**no**")
+        met = met_cell(t["met"], t["verdict"])
         lines.append(f"| {label} {bound} | {t['median']:.3f} ({t['verdict'] or 'no A/A control'}) | {met} |")
     return lines
+
+
+def met_cell(met: bool | None, verdict: str | None) -> str:
+    """The 'met' cell of a target: yes, **no**, or, where the median misses
+    the target but the gap is within the A/A spread, that it is noise."""
+    if met is None:
+        return ""
+    if met:
+        return "yes"
+    return "no, within the A/A spread (noise)" if verdict == "within noise" else "**no**"
 
 
 def machine_markdown(data: dict[str, Any]) -> list[str]:

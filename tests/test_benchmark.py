@@ -713,3 +713,12 @@ def test_performance_page_shows_every_workload_from_the_json():
         png = root / "docs" / "_static" / f"benchmark-{name}.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"../_static/benchmark-{name}.png" in page
     assert "python tools/benchmark_figure.py --measure" in page
+
+
+def test_a_missed_target_within_the_aa_spread_reads_as_noise():
+    from ampnet_bench.docs_tables import met_cell
+
+    assert met_cell(True, "within noise") == "yes"
+    assert met_cell(False, "within noise") == "no, within the A/A spread (noise)"
+    assert met_cell(False, "differs") == "**no**" and met_cell(False, None) == "**no**"
+    assert met_cell(None, "differs") == ""
