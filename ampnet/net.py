@@ -45,6 +45,7 @@ from ampnet.config.net_repr import add_amp_params
 from ampnet.training.output_checks import check_loss_inputs, check_loss_value, probabilities_summing_to_one
 from ampnet.training.user_inputs import prepare_fit_inputs, prepare_input
 from ampnet.serving.conversion import ConversionMixin
+from ampnet.diagnostics.reports import ReportsMixin
 from ampnet.io.persistence import PersistenceMixin
 from ampnet.training.parallel import Parallel
 from ampnet.config.params import is_auto
@@ -53,7 +54,7 @@ from ampnet.precision import GradScaler, PrecisionLayout, PrecisionPolicy, autoc
 __all__ = ["AmpNetMixin", "AmpNet", "AmpNetClassifier", "AmpNetRegressor", "AmpNetBinaryClassifier"]
 
 
-class AmpNetMixin(PersistenceMixin, ConversionMixin):
+class AmpNetMixin(PersistenceMixin, ConversionMixin, ReportsMixin):
     """Mixed precision for any skorch net; mix it in before the skorch class.
 
     Adds the parameters described in :class:`AmpNet` and the fitted

@@ -29,7 +29,7 @@ import torch
 from ampnet.precision import GradScaler, check_device, dtype_name, parse_amp_dtype, parse_selectors
 from ampnet.precision import validate_scaler_settings
 from ampnet.precision import AMP_LEVELS, LIVE_SETTINGS, SCALER_DEFAULTS
-from ampnet.utils.validation import as_float, describe, exception_text, is_bool, named_with_hints
+from ampnet.utils.validation import describe, exception_text, is_bool, named_with_hints
 
 __all__ = [
     "Param", "PARAMS", "REBUILDS", "INT_MAX", "check", "check_all", "unreadable", "check_names", "is_auto",
