@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 import warnings
-from typing import Any, Callable, TypeVar
+from typing import TypeVar
 
 from skorch.exceptions import SkorchException
 

@@ -19,11 +19,10 @@ its next fit. Adopting is all or nothing.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import torch
 
-from ampnet.exceptions import amp_warn
 from ampnet.io.rollback import Step
 from ampnet.auto.enabled import CHOICE_KEYS, AutotuneResult, label
 from ampnet.config.params import PARAMS, is_auto

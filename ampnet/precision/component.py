@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import TYPE_CHECKING, Any, Collection, Iterator, Mapping, NamedTuple, Sequence
+from typing import Any, Collection, Iterator, Mapping, NamedTuple, Sequence
 
 import torch
 from skorch.utils import to_tensor
