@@ -64,10 +64,11 @@ def scaling_enabled(policy: PrecisionPolicy, scaler_params: Mapping[str, Any]) -
 
 
 def build_settings(params: Mapping[str, Any]) -> PrecisionSettings:
-    """The :class:`PrecisionSettings` of ``params``, a net's parameters whose
-    values :func:`ampnet.config.params.check_all` has checked one by one (choices
-    in their canonical spelling); this adds the checks that involve several
-    parameters.
+    """The :class:`PrecisionSettings` of ``params``: every AMP constructor
+    parameter of a net, ``device`` and its ``grad_scaler__*`` settings, as
+    :func:`ampnet.config.params.check_all` has parsed them one by one (choices
+    in their canonical spelling; the parameter table holds the defaults, not
+    this function); this adds the checks that involve several parameters.
 
     Raises
     ------
@@ -75,25 +76,25 @@ def build_settings(params: Mapping[str, Any]) -> PrecisionSettings:
       For the first invalid combination, naming the parameters, the values,
       the valid choices and a fix.
     """
-    skip = params.get("amp_skip_nonfinite", True)
-    scaler = params.get("grad_scaler", GradScaler)
+    skip = params["amp_skip_nonfinite"]
+    scaler = params["grad_scaler"]
     policy = resolve_precision(
-        params.get("amp_enabled", False),
-        params.get("amp_dtype", "auto"),
-        params.get("device", "cpu"),
-        params.get("amp_level", "mixed"),
+        params["amp_enabled"],
+        params["amp_dtype"],
+        params["device"],
+        params["amp_level"],
     )
-    masters = params.get("amp_master_weights", True)
+    masters = params["amp_master_weights"]
     compensated = isinstance(masters, str) and masters == "compensated"
     if compensated and not (policy.enabled and policy.level == "pure"):
         raise ValueError(
             "amp_master_weights='compensated' needs amp_enabled=True and amp_level='pure' "
-            f"(got amp_enabled={params.get('amp_enabled', False)!r}, "
-            f"amp_level={params.get('amp_level', 'mixed')!r}): it compensates the rounding "
+            f"(got amp_enabled={params['amp_enabled']!r}, "
+            f"amp_level={params['amp_level']!r}): it compensates the rounding "
             "of weights stored in low precision, and only 'pure' stores them so. Fix: "
             "set amp_enabled=True and amp_level='pure', or amp_master_weights=True."
         )
-    memory_format = params.get("memory_format", "preserve")
+    memory_format = params["memory_format"]
     scaler_params = _scaler_params(scaler, params)
     if scaler_params.get("enabled") and not policy.enabled:
         raise ValueError(
@@ -105,8 +106,8 @@ def build_settings(params: Mapping[str, Any]) -> PrecisionSettings:
         policy=policy,
         master_weights=bool(masters) and not compensated,
         compensated=compensated,
-        fp32_modules=params.get("amp_fp32_modules"),
-        amp_modules=params.get("amp_modules"),
+        fp32_modules=params["amp_fp32_modules"],
+        amp_modules=params["amp_modules"],
         memory_format=memory_format,
         skip_nonfinite=bool(skip),
         scaler=scaler,

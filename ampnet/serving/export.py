@@ -51,6 +51,7 @@ from ampnet.precision import remove_state_hooks
 from ampnet.precision import DTYPE_ALIASES, dtype_name
 from ampnet.precision import remove_regions
 from ampnet.precision import build_settings
+from ampnet.config.params import constructor_defaults, parsed
 
 __all__ = ["export_net", "EXPORT_FORMATS", "PredictProbaModule"]
 
@@ -219,8 +220,8 @@ def _narrow(module: torch.nn.Module, dtype: torch.dtype, net: Any) -> None:
     """Store in ``dtype`` what ``amp_level='pure'`` would, and make every
     module with floating parameters cast its inputs to their dtype."""
     settings = build_settings({
-        "amp_enabled": True, "amp_dtype": dtype, "amp_level": "pure", "device": "cpu",
-        "amp_fp32_modules": net.amp_fp32_modules, "amp_modules": net.amp_modules,
+        **constructor_defaults(), "amp_enabled": True, "amp_dtype": dtype, "amp_level": "pure", "device": "cpu",
+        "amp_fp32_modules": parsed(net, "amp_fp32_modules"), "amp_modules": parsed(net, "amp_modules"),
     })
     with warnings.catch_warnings():
         # selectors that match nothing were reported when the net was initialized
