@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-import ampnet.diagnostics.report as report_module
 from ampnet import AmpNetClassifier, AmpWarning
-from ampnet.callbacks.checkpoint import Checkpoint, LoadInitState
+from ampnet.auto.fp32_modules import resolve_fp32_modules
 from ampnet.auto.saved import FP32_KEY
+from ampnet.callbacks.checkpoint import Checkpoint, LoadInitState
+from ampnet.diagnostics.report import build_report
 from conftest import small_classifier
 
 
@@ -50,17 +51,25 @@ def make(**kw):
     return AmpNetClassifier(**{**base, **kw})
 
 
+#: What a verbose net prints once per probe (and only when it probes).
+PROBED = "amp_fp32_modules='auto': modules kept in float32"
+
+
+class Probes:
+    """How many times the verbose nets of a test probed so far, from what they printed."""
+
+    def __init__(self, capsys):
+        self.capsys, self.count = capsys, 0
+
+    def __len__(self):
+        self.count += self.capsys.readouterr().out.count(PROBED)
+        return self.count
+
+
 @pytest.fixture
-def probes(monkeypatch):
-    calls = []
-    original = report_module.build_report
-
-    def counting(*args, **kwargs):
-        calls.append(1)
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(report_module, "build_report", counting)
-    return calls
+def probes(capsys):
+    """The probes of the test's nets, counted by the line each prints (make them with ``verbose=1``)."""
+    return Probes(capsys)
 
 
 def test_auto_keeps_the_overflowing_layer_in_float32(data):
@@ -91,16 +100,34 @@ def test_the_probe_changes_nothing(data):
     assert [set(row) for row in auto.history] == [set(row) for row in fixed.history]
 
 
-def test_choice_is_printed_once_and_not_reprobed(data, probes, capsys):
+def test_choice_is_printed_once_and_not_reprobed(data, capsys):
     X, y = data
     net = make(**FP16, amp_fp32_modules="auto", max_epochs=1, verbose=1).fit(X, y)
     out = capsys.readouterr().out
-    assert out.count("amp_fp32_modules='auto': modules kept in float32") == 1 and "'big'" in out
+    assert out.count(PROBED) == 1 and "'big'" in out
     net.partial_fit(X, y)
     assert "amp_fp32_modules='auto'" not in capsys.readouterr().out
-    assert len(probes) == 1 and net.amp_layout_.auto_fp32_modules == ("big",)
+    assert net.amp_layout_.auto_fp32_modules == ("big",)
     net.fit(X, y)  # fit re-initializes the module: a new first fit
-    assert len(probes) == 2
+    assert capsys.readouterr().out.count(PROBED) == 1
+
+
+def test_the_probe_is_an_explicit_argument_and_a_saved_choice_skips_it(data):
+    """resolve_fp32_modules keeps what ``probe`` recommends (build_report unless given), and
+    calls no probe for a saved choice."""
+    X, y = data
+    calls = []
+
+    def probe(*args):
+        calls.append(args[0])
+        return build_report(*args)
+
+    net = make(**FP16, amp_fp32_modules="auto").initialize()
+    resolve_fp32_modules(net, X, y, probe)
+    assert calls == [net] and net.amp_layout_.auto_fp32_modules == ("big",)
+    other = make(**FP16, amp_fp32_modules="auto").initialize()
+    resolve_fp32_modules(other, X, y, probe, saved=("out",))
+    assert calls == [net] and other.amp_layout_.auto_fp32_modules == ("out",)
 
 
 def test_auto_in_a_list_with_selectors(data):
@@ -116,8 +143,8 @@ def test_bfloat16_has_the_range_nothing_is_kept(data):
 
 def test_amp_off_does_not_probe(data, probes):
     with pytest.warns(AmpWarning, match="amp_fp32_modules='auto' has no effect"):
-        net = make(amp_fp32_modules="auto", max_epochs=1).fit(*data)
-    assert probes == [] and net.amp_layout_.auto_fp32_modules is None
+        net = make(amp_fp32_modules="auto", max_epochs=1, verbose=1).fit(*data)
+    assert len(probes) == 0 and net.amp_layout_.auto_fp32_modules is None
 
 
 def test_pure_level_stores_the_kept_layer_in_float32(data):
@@ -132,7 +159,7 @@ def test_pure_level_stores_the_kept_layer_in_float32(data):
 
 
 def test_pickle_keeps_the_choice(data, probes):
-    net = make(**FP16, amp_fp32_modules="auto", max_epochs=1).fit(*data)
+    net = make(**FP16, amp_fp32_modules="auto", max_epochs=1, verbose=1).fit(*data)
     copy_ = pickle.loads(pickle.dumps(net))
     assert copy_.amp_layout_ == net.amp_layout_
     copy_.partial_fit(*data)
@@ -140,11 +167,11 @@ def test_pickle_keeps_the_choice(data, probes):
 
 
 def test_saved_parameters_carry_the_choice_into_a_fresh_net(data, probes, tmp_path):
-    net = make(**FP16, amp_fp32_modules="auto", max_epochs=1).fit(*data)
+    net = make(**FP16, amp_fp32_modules="auto", max_epochs=1, verbose=1).fit(*data)
     net.save_params(f_params=tmp_path / "params.pt")
     saved = torch.load(tmp_path / "params.pt", weights_only=True)
     assert saved._metadata[""][FP32_KEY] == ["big"]
-    fresh = make(**FP16, amp_fp32_modules="auto", max_epochs=1).initialize()
+    fresh = make(**FP16, amp_fp32_modules="auto", max_epochs=1, verbose=1).initialize()
     assert fresh.amp_layout_.auto_fp32_modules is None
     fresh.load_params(f_params=tmp_path / "params.pt")
     fresh.partial_fit(*data)
@@ -171,7 +198,7 @@ def test_a_direct_module_load_neither_fails_nor_adopts_the_choice(data, probes, 
     """The choice travels through save_params and load_params (and checkpoints)
     only: the module's own load_state_dict of a file that holds it loads the
     weights as for any module, silently, and the net's layout stays its own."""
-    net = make(**FP16, amp_fp32_modules="auto", max_epochs=1).fit(*data)
+    net = make(**FP16, amp_fp32_modules="auto", max_epochs=1, verbose=1).fit(*data)
     net.save_params(f_params=tmp_path / "params.pt")
     saved = torch.load(tmp_path / "params.pt", weights_only=True)
     assert saved._metadata[""][FP32_KEY] == ["big"]
@@ -183,7 +210,7 @@ def test_a_direct_module_load_neither_fails_nor_adopts_the_choice(data, probes, 
         warnings.simplefilter("error")
         net.module_.load_state_dict(other)  # another choice: not adopted, not reported
     assert net.amp_layout_.fp32_modules == ("big",)
-    fresh = make(**FP16, amp_fp32_modules="auto", max_epochs=1).initialize()
+    fresh = make(**FP16, amp_fp32_modules="auto", max_epochs=1, verbose=1).initialize()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         fresh.module_.load_state_dict(saved)
@@ -212,7 +239,7 @@ def test_checkpoint_resume_is_bitexact(data, tmp_path):
 def test_a_resume_takes_the_checkpoint_s_choice_without_probing(data, probes, tmp_path):
     X, y = data
     X, y = X[:200], y[:200]
-    kw = dict(FP16, amp_fp32_modules="auto")
+    kw = dict(FP16, amp_fp32_modules="auto", verbose=1)
     cp = Checkpoint(monitor=None, dirname=str(tmp_path / "cp"))
     first = make(max_epochs=1, callbacks=[cp], **kw).fit(X, y)
     assert len(probes) == 1 and first.amp_layout_.auto_fp32_modules
