@@ -4,8 +4,9 @@
 The tests sit in sub-folders by subject (``net/``, ``precision/``, ``auto/``, ``io/``,
 ``diagnostics/``, ``ecosystem/``), without ``__init__.py``: each test file's basename is unique.
 The shared helpers stay here, at ``tests/``, which this file puts on ``sys.path`` so that every
-test file imports them by name (``from resume_script import Tiny``, ``from repo_paths import ROOT``)
-whatever pytest's import mode."""
+test file imports them by name (``from resume_script import Tiny``, ``from repo_paths import ROOT``).
+A few test files import a neighbour in their own folder (``from test_fused import Recorder``):
+pytest's default import mode ("prepend") puts each test file's folder on ``sys.path`` for that."""
 
 import contextlib
 import sys
