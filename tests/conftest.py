@@ -1,7 +1,16 @@
 """Shared fixtures: tiny modules and data. Tests run with one torch thread
-(fastest for tiny models, and bitwise reproducible)."""
+(fastest for tiny models, and bitwise reproducible).
+
+The tests sit in sub-folders by subject (``net/``, ``precision/``, ``auto/``, ``io/``,
+``diagnostics/``, ``ecosystem/``), without ``__init__.py``: each test file's basename is unique.
+The shared helpers stay here, at ``tests/``, which this file puts on ``sys.path`` so that every
+test file imports them by name (``from resume_script import Tiny``, ``from repo_paths import ROOT``).
+A few test files import a neighbour in their own folder (``from test_fused import Recorder``):
+pytest's default import mode ("prepend") puts each test file's folder on ``sys.path`` for that."""
 
 import contextlib
+import sys
+from pathlib import Path
 from unittest import mock
 
 import numpy as np
@@ -10,6 +19,9 @@ import torch
 
 
 torch.set_num_threads(1)
+
+if str(Path(__file__).resolve().parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def pytest_collection_modifyitems(config, items):
@@ -43,6 +55,39 @@ class Regressor(torch.nn.Module):
 
     def forward(self, X):
         return self.lin(X)
+
+
+class Logits(torch.nn.Module):
+    """Linear model, optionally turning inf on chosen training forward calls
+    (``bad_calls``: the loss is not finite, a forward-pass overflow) or in the
+    gradients of chosen calls (``bad_grad_calls``: a finite loss whose
+    backward pass overflows)."""
+
+    def __init__(self, bad_calls=(), n_in=20, bad_grad_calls=()):
+        super().__init__()
+        self.hidden = torch.nn.Linear(n_in, 8)
+        self.out = torch.nn.Linear(8, 2)
+        self.bad_calls = set(bad_calls)
+        self.bad_grad_calls = set(bad_grad_calls)
+        self.calls = 0
+
+    def forward(self, X):
+        out = self.out(torch.tanh(self.hidden(X)))
+        if self.training:
+            self.calls += 1
+            if self.calls in self.bad_calls:
+                out = out * float("inf")
+            if self.calls in self.bad_grad_calls:
+                out = out.clone()
+                out.register_hook(lambda g: g * float("inf"))
+        return out
+
+
+def net_kw(**kw):
+    base = dict(module=Logits, criterion=torch.nn.CrossEntropyLoss, max_epochs=1, lr=0.1,
+                batch_size=8, train_split=None, verbose=0, iterator_train__shuffle=False)
+    base.update(kw)
+    return base
 
 
 @pytest.fixture(scope="session")

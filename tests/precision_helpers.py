@@ -1,4 +1,5 @@
-"""Models and probes shared by the precision-control tests.
+"""Models and probes shared by the precision-control tests, and the settings and buffers of
+``amp_master_weights='compensated'`` (:data:`COMP`, :func:`compensation`, :func:`true_weights`).
 
 A :class:`Probe` records, from inside the model, what each watched module
 computes with: the autocast state, the dtypes of its inputs, outputs and
@@ -11,6 +12,8 @@ import numpy as np
 import torch
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
+
+from ampnet.precision.compensated import KEY
 
 CL = torch.channels_last
 
@@ -151,3 +154,22 @@ class Probe:
     def remove(self):
         for h in self.handles:
             h.remove()
+
+
+# ---- amp_master_weights='compensated' ---------------------------------------------------
+
+PURE = dict(amp_enabled=True, amp_level="pure")
+COMP = dict(PURE, amp_dtype="bfloat16", amp_master_weights="compensated")
+
+
+def compensation(net):
+    """name -> compensation buffer of the net's optimizer."""
+    state = net.optimizer_.state
+    return {n: state[p][KEY] for n, p in net.module_.named_parameters() if p in state and KEY in state[p]}
+
+
+def true_weights(net):
+    """name -> weight plus compensation, in float64."""
+    comps = compensation(net)
+    return {n: p.detach().double() + (comps[n].double() if n in comps else 0)
+            for n, p in net.module_.named_parameters()}

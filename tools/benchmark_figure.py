@@ -2,7 +2,7 @@
 
 The figures of ``docs/user_guide/performance.md`` (section "Memory and speed") are kept in
 ``docs/_data/benchmark.json``; this script draws them as ``docs/_static/benchmark.png``, the picture the
-performance page and the README show. ``tests/test_docs.py`` checks that the JSON holds the numbers of the
+performance page and the README show. ``tests/ecosystem/test_docs.py`` checks that the JSON holds the numbers of the
 page's tables, so the picture and the tables cannot drift apart.
 
     python tools/benchmark_figure.py            # rewrite the PNG from the JSON

@@ -1,7 +1,7 @@
 """The documentation's generated parts, from the code: the parameter table of
 docs/user_guide/precision.md (from ampnet/config/params.py) and the module map of
 docs/architecture.md (every module's layer and the first line of its
-docstring). tests/test_generated_docs.py fails when the pages and the code
+docstring). tests/ecosystem/test_generated_docs.py fails when the pages and the code
 disagree; this rewrites the pages:
 
     python tools/docs_tables.py
@@ -39,7 +39,7 @@ def module_map() -> str:
     for name, path in import_graph.source_files():
         by_layer.setdefault(import_graph.layer(name), []).append(f"- `{name}`: {_summary(path)}")
     lines = ["Imports run from a layer to the layers above it in this list (lower layers) and never the other",
-             "way (`tests/test_architecture.py` checks it, with `tests/import_graph.py`):", ""]
+             "way (`tests/ecosystem/test_architecture.py` checks it, with `tests/import_graph.py`):", ""]
     for index, (label, _) in enumerate(import_graph.LAYERS):
         lines.append(f"**{index + 1}. {label}**")
         lines.append("")

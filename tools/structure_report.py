@@ -26,8 +26,8 @@ import ampnet
 from ampnet import AmpNetClassifier
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests"))
-import host_reads  # noqa: E402  (the one host-read counter, shared with tests/test_architecture.py)
-import import_graph  # noqa: E402  (the one import-graph reader, shared with tests/test_architecture.py)
+import host_reads  # noqa: E402  (the one host-read counter, shared with tests/ecosystem/test_architecture.py)
+import import_graph  # noqa: E402  (the one import-graph reader, shared with tests/ecosystem/test_architecture.py)
 
 import ast  # noqa: E402
 

@@ -20,12 +20,12 @@ resume from (:mod:`ampnet.auto.saved`).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import sklearn
 
 from ampnet.config import reconfigure
-from ampnet.diagnostics import report as report_module  # looked up at call time: tests count probes
+from ampnet.diagnostics.report import build_report
 from ampnet.utils.random_state import kept_random_state
 
 __all__ = ["resolve_fp32_modules", "split_params"]
@@ -48,16 +48,21 @@ def split_params(net: Any, fit_params: dict[str, Any]) -> dict[str, Any]:
     return dict(routed.get("splitter", {"split": {}})["split"])
 
 
-def resolve_fp32_modules(net: Any, X: Any, y: Any = None, saved: tuple[str, ...] | None = None,
-                         **fit_params: Any) -> None:
+def resolve_fp32_modules(net: Any, X: Any, y: Any = None, probe: Callable[..., Any] = build_report, /,
+                         saved: tuple[str, ...] | None = None, **fit_params: Any) -> None:
     """Resolve ``'auto'`` in ``amp_fp32_modules``: take ``saved`` (a choice
     read from the checkpoint being resumed), or probe the first training
-    batch; then move the module to the new layout."""
+    batch; then move the module to the new layout.
+
+    ``probe(net, dataset, None)`` builds the report whose
+    ``recommended_fp32_modules`` are kept (:func:`ampnet.diagnostics.report.build_report`
+    unless given). It, ``X`` and ``y`` are positional only, so that every other keyword
+    is a fit parameter."""
     choice = saved
     if choice is None:
         with kept_random_state():
             dataset, _ = net.get_split_datasets(X, y, **split_params(net, fit_params))
-            report = report_module.build_report(net, dataset, None)
+            report = probe(net, dataset, None)
         choice = tuple(report.recommended_fp32_modules)
         if net.verbose:
             kept = ", ".join(repr(n) for n in choice) if choice else "none"

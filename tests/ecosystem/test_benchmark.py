@@ -1,0 +1,723 @@
+"""CI-sized checks of ``python -m ampnet_bench``: the quick mode runs
+in process and writes a well-formed report. No timing assertions: speed
+claims come from real benchmark runs, not from unit tests."""
+
+import importlib
+import importlib.abc
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+from skorch.dataset import Dataset
+
+import ampnet
+from ampnet_bench import cli, runner
+from ampnet_bench.config import BenchConfig
+from ampnet_bench.contenders import CONTENDER_KEYS, TensorBatches
+from ampnet_bench.machine import load_warning
+from ampnet_bench.report import build_chart, to_markdown
+
+
+_PEER_MODULES = {"skorch-accelerate": "accelerate", "lightning": "lightning"}
+
+
+def _positive(x):
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+def _importable(name):
+    try:
+        importlib.import_module(name)
+    except ImportError:
+        return False
+    return True
+
+
+def by_key(w, key):
+    return next(c for c in w["contenders"] if c["key"] == key)
+
+
+def _check_results(results, workloads, rounds):
+    assert results["schema_version"] == runner.SCHEMA_VERSION
+    machine = results["machine"]
+    for key in ("cpu_model", "logical_cores", "torch", "torch_threads", "cpu_flags", "malloc_env"):
+        assert key in machine
+    assert "MALLOC_MMAP_MAX_" in machine["malloc_env"]
+    assert [w["name"] for w in results["workloads"]] == workloads
+    for w in results["workloads"]:
+        assert w["contenders"], w["name"]
+        assert w["reference"] == "raw-fp32"
+        for c in w["contenders"]:
+            if c["key"] == "lightning" and w["name"] == "predict":
+                # refused before lightning is imported: the same with or without the extra
+                assert not c["available"] and "times training only" in c["error"]
+                continue
+            if c["key"] in _PEER_MODULES and not _importable(_PEER_MODULES[c["key"]]):
+                # optional extra "bench" not installed: reported, not fatal
+                assert not c["available"] and "No module named" in c["error"]
+                continue
+            assert c["available"], (w["name"], c["key"], c["error"])
+            assert len(c["round_times_s"]) == rounds
+            assert all(_positive(t) for t in c["round_times_s"])
+            for key in ("median_s", "samples_per_s", "ms_per_batch"):
+                assert _positive(c[key]), (w["name"], c["key"], key)
+            ratio = c["ratio_to_reference"]
+            assert _positive(ratio["median"])
+            assert len(ratio["per_round"]) == rounds and all(_positive(r) for r in ratio["per_round"])
+            assert 0.0 <= c["accuracy"] <= 1.0
+            assert math.isfinite(c["final_loss"]) and c["final_loss"] >= 0
+            assert c["memory"] is not None and _positive(c["memory"]["peak_mb"])
+            if w["task"] == "train":
+                state = c["state_bytes"]
+                assert state["total"] == sum(state[k] for k in (
+                    "parameters", "gradients", "master_weights", "compensation", "optimizer_state"))
+                assert c["loss_vs_fp32"] == pytest.approx(c["final_loss"] / by_key(w, "raw-fp32")["final_loss"])
+            else:
+                assert c["state_bytes"] is None
+        assert w["comparisons"]
+        aa = w["aa_control"]
+        assert aa["a"] == "raw-amp" and aa["b"] == "raw-amp-aa" and aa["spread"] >= 0
+        for comp in w["comparisons"]:
+            if comp["median"] is None:  # a contender of it could not run
+                continue
+            assert comp["verdict"] == runner.verdict(comp["median"], aa["spread"])
+            assert comp["min"] <= comp["median"] <= comp["max"]
+            # --quick runs tiny sizes: no speed target is checked
+            assert comp["target"] is None and comp["met"] is None
+
+
+@pytest.mark.slow
+def test_quick_benchmark_writes_report(tmp_path, capsys):
+    out = tmp_path / "bench"
+    rc = cli.main([
+        "--quick", "--workload", "mlp", "predict", "--threads", "1", "--optimizer", "adamw",
+        "--rounds", "2", "--n-samples", "512", "--out", str(out),
+    ])
+    assert rc == 0
+    stdout = capsys.readouterr().out
+    assert stdout.startswith("# ampnet benchmark")
+    assert "avx512_bf16" in stdout and "MALLOC_MMAP_MAX_" in stdout
+    assert "| Contender |" in stdout and "| ampnet-mixed |" in stdout
+    for name in ("results.md", "results.json", "results.png"):
+        assert (out / name).stat().st_size > 0, name
+    assert (out / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    results = json.loads((out / "results.json").read_text())
+    _check_results(results, ["mlp", "predict"], rounds=2)
+    keys = [c["key"] for c in results["workloads"][0]["contenders"]]
+    assert keys == list(CONTENDER_KEYS)
+    mlp = results["workloads"][0]
+    # compensated pure stores bf16 weights and bf16 compensation, no float32 masters: less state
+    comp, mixed = by_key(mlp, "ampnet-pure-comp"), by_key(mlp, "ampnet-mixed")
+    assert comp["state_bytes"]["compensation"] > 0 and comp["state_bytes"]["master_weights"] == 0
+    assert comp["state_bytes"]["parameters"] * 2 == mixed["state_bytes"]["parameters"]
+    assert comp["state_bytes"]["total"] < mixed["state_bytes"]["total"]
+    assert comp["param_dtypes"] == ["bfloat16"] and mixed["param_dtypes"] == ["float32"]
+    assert "A/A control: raw-amp and raw-amp-aa" in stdout and "| Verdict |" in stdout
+    # every contender's settings act (AMP settings only on the AMP contenders)
+    assert not [w for wl in results["workloads"] for c in wl["contenders"] for w in c["warnings"]
+                if "no effect" in w]
+    assert (out / "results.md").read_text() == to_markdown(results)
+    # no verdicts and no internal jargon in a smoke test
+    assert "Met" not in stdout and "Target" not in stdout and "issue" not in stdout
+    assert "Quick mode: tiny sizes and few rounds, a smoke test" in stdout
+    _check_chart(build_chart(results), results)
+
+
+def _check_chart(fig, results):
+    """Each bar is as long as its label says, and is the contender's
+    median time per batch."""
+    panels = fig.axes
+    assert len(panels) == len(results["workloads"])
+    for ax, w in zip(panels, results["workloads"]):
+        bars = {round(r.get_y() + r.get_height() / 2): r.get_width() for r in ax.patches}
+        labels = {round(t.get_position()[1]): t.get_text().strip() for t in ax.texts
+                  if t.get_text() != "not available"}
+        names = [t.get_text() for t in ax.get_yticklabels()]
+        contenders = {c["key"]: c for c in w["contenders"]}
+        available = {c["key"] for c in w["contenders"] if c["available"]}
+        assert sorted(bars) == sorted(labels)
+        assert {names[y] for y in bars} == available and len(names) == len(w["contenders"])
+        for y, width in bars.items():
+            value, unit = labels[y].split()
+            assert unit == "ms"
+            assert abs(width - float(value)) <= 0.005 + 1e-9, (names[y], width, labels[y])
+            c = contenders[names[y]]
+            assert width == pytest.approx(1000 * c["median_s"] / w["n_batches"])
+            assert width == pytest.approx(c["ms_per_batch"])
+        assert "ms per batch" in ax.get_xlabel() and ax.get_title().startswith(w["name"])
+
+
+def _fake_results(quick, load, cores=2):
+    """A results document with two contenders whose times differ 30-fold."""
+    def contender(key, framework, seconds):
+        return {
+            "key": key, "framework": framework, "amp": framework == "ampnet", "available": True,
+            "median_s": seconds, "round_times_s": [seconds * 0.9, seconds * 1.1],
+            "ms_per_batch": 1000 * seconds / 10,
+        }
+    return {
+        "machine": {"cpu_model": "CPU", "load_average_at_start": [load, load, load],
+                    "usable_cores": cores},
+        "config": {"device": "cpu", "dtype": "bfloat16", "quick": quick},
+        "workloads": [{
+            "name": "mlp", "title": "MLP", "unit": "epoch", "n_batches": 10, "batch_size": 8,
+            "contenders": [contender("raw-fp32", "raw", 0.3022), contender("ampnet-mixed", "ampnet", 9.066)],
+        }],
+    }
+
+
+def test_chart_bars_agree_with_their_labels():
+    results = _fake_results(quick=False, load=0.1)
+    fig = build_chart(results)
+    _check_chart(fig, results)
+    ax = fig.axes[0]
+    widths = sorted(r.get_width() for r in ax.patches)
+    assert widths[1] / widths[0] == pytest.approx(30.0)  # 30x slower, 30x longer
+
+
+def test_comparisons_check_targets_outside_quick_mode():
+    wl = BenchConfig(workloads=("mlp",)).workload("mlp")
+    records = {k: runner._Record(next(c for c in runner.CONTENDERS if c.key == k))
+               for k in ("ampnet-mixed", "ampnet-fp32")}
+    records["ampnet-mixed"].round_times = [1.0, 1.0]
+    records["ampnet-fp32"].round_times = [3.0, 2.4]
+    full = {c["key"]: c for c in runner._comparisons(records, wl, 2)}
+    speedup = full["ampnet_mixed_speedup"]
+    assert speedup["median"] == pytest.approx(2.7)
+    assert speedup["target"] == ">= 2" and speedup["met"] is True
+    quick = {c["key"]: c for c in runner._comparisons(records, wl, 2, quick=True)}
+    assert quick["ampnet_mixed_speedup"]["target"] is None
+    assert quick["ampnet_mixed_speedup"]["met"] is None
+
+
+@pytest.mark.parametrize("load, warned", [(1.99, False), (2.0, True), (3.5, True)])
+def test_load_average_at_or_above_cores_warns(load, warned):
+    text = load_warning([load, 0.0, 0.0], 2)
+    assert (text is not None) == warned
+    if warned:
+        assert f"load average is {load:.2f} on 2 usable core(s)" in text
+    assert load_warning(None, 2) is None
+
+
+def test_cli_warns_on_a_loaded_machine(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(cli.os, "getloadavg", lambda: (8.0, 8.0, 8.0))
+    monkeypatch.setattr(cli, "usable_cores", lambda: 2)
+    monkeypatch.setattr(cli, "run_benchmark", lambda cfg: _fake_results(cfg.quick, 8.0))
+    monkeypatch.setattr(cli, "to_markdown", lambda results: "report\n")
+    assert cli.main(["--quick", "--out", ""]) == 0
+    err = capsys.readouterr().err
+    assert "Warning: the load average is 8.00 on 2 usable core(s)" in err
+
+
+def test_report_shows_load_warning():
+    results = _fake_results(quick=True, load=4.0)
+    results["machine"].update(
+        cpu_flags={"avx512_bf16": True, "amx_bf16": False, "avx512f": True}, logical_cores=2,
+        torch_cpu_capability="AVX512", torch_threads=2, torch_interop_threads=2,
+        omp_num_threads=None, gpu=None, python="3", torch="2", skorch="1", ampnet="0",
+        malloc_env={}, date_utc="now",
+    )
+    warning = load_warning(results["machine"]["load_average_at_start"], 2)
+    md_head = ["# ampnet benchmark", "", f"**{warning}**"]
+    results["config"].update(rounds=1, epochs=1, warmup=0, optimizer="sgd", lr=None, seed=0,
+                             batching="tensors", memory_method="off")
+    results.update(elapsed_s=1.0)
+    results["workloads"] = []
+    assert to_markdown(results).splitlines()[:3] == md_head
+
+
+@pytest.mark.slow
+def test_failing_contender_is_reported_not_fatal(monkeypatch):
+    real = runner.run_contender
+
+    def flaky(contender, *args, **kwargs):
+        if contender.key == "ampnet-pure":
+            raise NotImplementedError("amp_level='pure' is not implemented")
+        return real(contender, *args, **kwargs)
+
+    monkeypatch.setattr(runner, "run_contender", flaky)
+    cfg = BenchConfig(
+        workloads=("overhead",), quick=True, rounds=1, epochs=1, warmup=0, n_samples=256,
+        batching="tensors", contenders=("raw-fp32", "ampnet-mixed", "ampnet-pure"),
+    )
+    results = runner.run_benchmark(cfg, log=lambda msg: None)
+    by_key = {c["key"]: c for c in results["workloads"][0]["contenders"]}
+    assert by_key["ampnet-mixed"]["available"]
+    pure = by_key["ampnet-pure"]
+    assert not pure["available"] and pure["median_s"] is None
+    assert pure["error"] == "NotImplementedError: amp_level='pure' is not implemented"
+    comps = {c["key"]: c for c in results["workloads"][0]["comparisons"]}
+    assert comps["pure_vs_mixed"]["median"] is None
+    md = to_markdown(results)
+    assert "| ampnet-pure | not available |" in md
+    assert "amp_level='pure' is not implemented" in md
+    json.dumps(results, allow_nan=False)
+
+
+def test_config_round_trips_through_json():
+    cfg = BenchConfig(workloads=("mlp", "cnn"), contenders=("raw-fp32",), lr=0.1, quick=True)
+    assert BenchConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+    assert cfg.memory_method == "inprocess"
+    assert BenchConfig(workloads=("mlp",)).memory_method == "subprocess"
+
+
+def test_tensor_batches_cover_every_row_once():
+    X = torch.arange(10.0)[:, None]
+    y = torch.arange(10)
+    batches = list(TensorBatches(Dataset(X, y), batch_size=4, shuffle=True,
+                                 generator=torch.Generator().manual_seed(0)))
+    assert [len(b[1]) for b in batches] == [4, 4, 2]
+    seen = torch.cat([b[1] for b in batches])
+    assert sorted(seen.tolist()) == list(range(10))
+    assert all(torch.equal(b[0][:, 0].long(), b[1]) for b in batches)
+
+
+def test_cli_rejects_unknown_contender():
+    with pytest.raises(SystemExit):
+        cli.main(["--contenders", "raw-fp32,nope"])
+
+
+@pytest.mark.parametrize("median, spread, expected", [
+    (1.04, 0.05, "within noise"), (1 / 1.04, 0.05, "within noise"), (1.06, 0.05, "differs"),
+    (0.90, 0.05, "differs"), (1.0, 0.0, "within noise"), (1.2, None, None), (None, 0.1, None),
+])
+def test_verdict_refuses_differences_inside_the_aa_spread(median, spread, expected):
+    assert runner.verdict(median, spread) == expected
+
+
+def _records(times):
+    records = {}
+    for key, rounds in times.items():
+        rec = runner._Record(next(c for c in runner.CONTENDERS if c.key == key))
+        rec.round_times = list(rounds)
+        records[key] = rec
+    return records
+
+
+def test_aa_control_and_fastest_peer():
+    records = _records({
+        "raw-amp": [1.0, 1.0, 1.0], "raw-amp-aa": [1.1, 0.95, 1.0],
+        "lightning": [0.9, 1.2, None], "ampnet-pure-comp-fused": [0.6, 0.8, 0.5],
+    })
+    aa = runner.aa_control(records, 3)
+    assert aa["per_round"] == pytest.approx([1 / 1.1, 1 / 0.95, 1.0])
+    assert aa["spread"] == pytest.approx(0.1)  # 1.1 / 1.0: the largest deviation
+    wl = BenchConfig(workloads=("mlp",)).workload("mlp")
+    comps = {c["key"]: c for c in runner._comparisons(records, wl, 3, spread=aa["spread"])}
+    best = comps["pure_comp_fused_vs_fastest_peer"]
+    # per round: the fastest of the peers that ran (0.9, 1.0, 1.0) over ampnet's time
+    assert best["per_round"] == pytest.approx([0.9 / 0.6, 1.0 / 0.8, 1.0 / 0.5])
+    assert best["median"] == pytest.approx(1.5) and best["verdict"] == "differs"
+    assert best["target"] == ">= 1.15" and best["met"] is True
+    assert "lightning_vs_raw_amp" in comps and "accelerate_vs_raw_amp" not in comps
+    assert runner.aa_control(_records({"raw-amp": [1.0]}), 1) is None
+
+
+@pytest.mark.slow
+def test_process_isolation_runs_each_round_in_a_fresh_process(monkeypatch):
+    calls = []
+    real = runner.run_in_subprocess
+
+    def spy(cfg, workload, contender, weights=None):
+        calls.append(contender)
+        return real(cfg, workload, contender, weights)
+
+    monkeypatch.setattr(runner, "run_in_subprocess", spy)
+    monkeypatch.setattr(runner, "run_contender", None)  # nothing runs in this process
+    cfg = BenchConfig(workloads=("overhead",), quick=True, rounds=1, epochs=1, warmup=0,
+                      n_samples=256, batching="tensors", isolation="process",
+                      contenders=("raw-amp", "raw-amp-aa"))
+    assert cfg.memory_method == "subprocess"
+    w = runner.run_benchmark(cfg, log=lambda msg: None)["workloads"][0]
+    assert calls == ["raw-amp", "raw-amp-aa"]
+    for c in w["contenders"]:
+        assert c["available"], c["error"]
+        assert c["memory"]["method"] == "rss_hwm" and _positive(c["memory"]["peak_mb"])
+        assert c["state_bytes"]["optimizer_state"] > 0  # SGD momentum buffers
+    assert w["aa_control"]["spread"] >= 0
+    assert "fresh Python process" in " ".join(w["notes"])
+
+
+@pytest.mark.slow
+def test_worker_error_is_reported_not_fatal():
+    # a failure injected deterministically, on every torch release and machine: ampnet refuses
+    # float16 compensated pure training with Adam (float16 optimizer state) at initialize(),
+    # inside the worker process
+    cfg = BenchConfig(workloads=("overhead",), quick=True, rounds=1, epochs=1, warmup=0,
+                      n_samples=256, batching="tensors", isolation="process", dtype="float16",
+                      optimizer="adam", contenders=("ampnet-pure-comp",))
+    pure = runner.run_benchmark(cfg, log=lambda msg: None)["workloads"][0]["contenders"][0]
+    assert not pure["available"] and pure["median_s"] is None
+    assert pure["error"].startswith("ValueError: amp_master_weights='compensated' with amp_dtype='float16'")
+    assert "got optimizer=torch.optim.adam.Adam" in pure["error"]
+
+
+class _Missing(importlib.abc.MetaPathFinder):
+    """Makes ``import NAME`` fail as on a machine without NAME."""
+
+    def __init__(self, names):
+        self.names = set(names)
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname.split(".")[0] in self.names:
+            raise ModuleNotFoundError(f"No module named {fullname!r}", name=fullname)
+        return None
+
+
+def test_peers_without_the_bench_extra_are_reported_not_fatal(monkeypatch):
+    # the `bench` extra (accelerate, lightning) is optional: `pip install -e ".[dev]"` lacks it
+    for name in list(sys.modules):
+        if name.split(".")[0] in _PEER_MODULES.values():
+            monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(sys, "meta_path", [_Missing(_PEER_MODULES.values())] + sys.meta_path)
+    cfg = BenchConfig(workloads=("overhead",), quick=True, rounds=1, epochs=1, warmup=0,
+                      n_samples=64, batching="tensors", contenders=("raw-fp32",) + tuple(_PEER_MODULES))
+    contenders = {c["key"]: c for c in runner.run_benchmark(cfg, log=lambda msg: None)["workloads"][0]["contenders"]}
+    assert contenders["raw-fp32"]["available"]
+    for key, module in _PEER_MODULES.items():
+        assert not contenders[key]["available"] and contenders[key]["median_s"] is None
+        assert contenders[key]["error"] == f"ModuleNotFoundError: No module named '{module}'"
+
+
+@pytest.mark.slow
+def test_benchmark_is_not_part_of_the_core_package():
+    code = ("import sys, ampnet; from ampnet import AmpNetClassifier; "
+            "print(sorted(m for m in sys.modules if m.startswith(('ampnet_bench', 'ampnet.benchmark'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+    help_text = subprocess.run([sys.executable, "-m", "ampnet.benchmark", "--help"],
+                               capture_output=True, text=True, check=True).stdout
+    assert help_text.startswith("usage: python -m ampnet.benchmark")
+    assert "--isolation" in help_text
+
+
+# ---- the contenders: the best hand-written loop and AmpNet auto ----------------------------
+
+
+def _tiny(contenders):
+    cfg = BenchConfig(workloads=("overhead",), quick=True, rounds=1, epochs=2, warmup=1, n_samples=256,
+                      batching="tensors", optimizer="adamw", contenders=contenders)
+    wl = cfg.workload("overhead")
+    return cfg, wl, wl.make_data(cfg.seed)
+
+
+def _contender(key):
+    return next(c for c in runner.CONTENDERS if c.key == key)
+
+
+def test_best_loop_steps_a_fused_optimizer_under_autocast():
+    from ampnet_bench import contenders
+
+    cfg, wl, data = _tiny(("raw-amp-fused",))
+    times, loss, model, optimizer = contenders._raw_train(_contender("raw-amp-fused"), wl, data, cfg, epochs=1)
+    assert optimizer.defaults["fused"] is True
+    assert len(times) == 1 and _positive(times[0]) and math.isfinite(loss)
+    _, _, _, plain = contenders._raw_train(_contender("raw-amp"), wl, data, cfg, epochs=1)
+    assert plain.defaults["fused"] is None  # the default loop keeps torch's default kernel
+
+
+def test_ampnet_auto_contender_includes_its_measuring_cost(monkeypatch):
+    from ampnet import AmpNetClassifier
+    from ampnet_bench import contenders
+
+    real_fit = AmpNetClassifier.fit
+    seen = []
+
+    def fit(self, X, y=None, **kw):
+        net = real_fit(self, X, y, **kw)
+        seen.append((self.max_epochs, self.get_params()["amp_autotune__cache"]))
+        net.amp_autotune_.cost_s = 100.0  # measuring steps that cost 100 s: 50 s in each of the 2 timed epochs
+        return net
+
+    monkeypatch.setattr(AmpNetClassifier, "fit", fit)
+    cfg, wl, data = _tiny(("ampnet-auto",))
+    outcome = contenders.run_contender(_contender("ampnet-auto"), wl, data, cfg)
+    # 'auto' fits as for 10 epochs, its cache off, and is stopped after the 1 + 2 timed
+    assert cfg.auto_fit_epochs == 10 and seen == [(10, False)]
+    assert len(outcome.epoch_times) == 2 and all(50.0 < t < 60.0 for t in outcome.epoch_times)
+    assert math.isfinite(outcome.final_loss)
+    assert not [w for w in outcome.warnings if "no effect" in w]
+
+
+def test_new_comparisons_and_their_targets():
+    comps = {c.key: c for c in runner.COMPARISONS}
+    assert (comps["ampnet_auto_vs_best_loop"].a, comps["ampnet_auto_vs_best_loop"].b) == ("ampnet-auto", "raw-amp-fused")
+    assert comps["ampnet_mixed_vs_best_loop"].b == "raw-amp-fused"
+    assert comps["ampnet_auto_vs_fastest_peer"].b == runner.PEERS and "raw-amp-fused" not in runner.PEERS
+    wl = BenchConfig(workloads=("mlp",)).workload("mlp")
+    records = {k: runner._Record(_contender(k)) for k in ("ampnet-auto", "raw-amp-fused", *runner.PEERS)}
+    for key, times in {"ampnet-auto": [1.0, 1.0], "raw-amp-fused": [1.02, 0.99], "raw-amp": [1.5, 1.4],
+                       "skorch-accelerate": [1.6, 1.5], "lightning": [1.7, 1.6]}.items():
+        records[key].round_times = times
+    full = {c["key"]: c for c in runner._comparisons(records, wl, 2)}
+    assert full["ampnet_auto_vs_best_loop"]["median"] == pytest.approx((1 / 1.02 + 1 / 0.99) / 2)
+    assert full["ampnet_auto_vs_best_loop"]["met"] is True
+    # the fastest peer per round: 1.5 and 1.4 s
+    assert full["ampnet_auto_vs_fastest_peer"]["median"] == pytest.approx(1.45)
+    assert full["ampnet_auto_vs_fastest_peer"]["target"] == ">= 1.3" and full["ampnet_auto_vs_fastest_peer"]["met"]
+
+
+def test_aa_control_falls_back_to_the_ampnet_fp32_pair():
+    # where the AMP loop does not run (a float32 comparison), AmpNet fp32 run twice is the control
+    records = _records({"ampnet-fp32": [1.0, 2.0], "ampnet-fp32-aa": [1.05, 2.0],
+                        "ampnet-fp32-noguard": [0.98, 1.96]})
+    aa = runner.aa_control(records, 2)
+    assert (aa["a"], aa["b"]) == ("ampnet-fp32", "ampnet-fp32-aa")
+    assert aa["spread"] == pytest.approx(0.05)
+    wl = BenchConfig(workloads=("mlp",)).workload("mlp")
+    comps = {c["key"]: c for c in runner._comparisons(records, wl, 2, spread=aa["spread"])}
+    guard = comps["guard_cost_fp32"]
+    assert guard["per_round"] == pytest.approx([1.0 / 0.98, 2.0 / 1.96])
+    assert guard["verdict"] == "within noise"
+    # the AMP loop's pair wins where both ran
+    both = _records({"raw-amp": [1.0], "raw-amp-aa": [1.2], "ampnet-fp32": [1.0], "ampnet-fp32-aa": [1.0]})
+    assert runner.aa_control(both, 1)["a"] == "raw-amp"
+
+
+def test_monitor_and_noguard_contenders_train_as_labelled():
+    from ampnet_bench.contenders import CONTENDERS, _make_net
+
+    cfg = BenchConfig(workloads=("overhead",), quick=True, threads=1)
+    wl = cfg.workload("overhead")
+    data = wl.make_data(cfg.seed)
+    by = {c.key: c for c in CONTENDERS}
+    nets = {}
+    for key in ("ampnet-fp32", "ampnet-fp32-monitor", "ampnet-fp32-noguard"):
+        nets[key] = _make_net(by[key], wl.build_module(cfg.seed), wl, cfg, max_epochs=1)
+        nets[key].fit(data.X, data.y)
+    assert "grad_norm" in nets["ampnet-fp32-monitor"].history[-1]
+    assert "grad_norm" not in nets["ampnet-fp32"].history[-1]
+    assert nets["ampnet-fp32-noguard"].amp_skip_nonfinite is False
+    assert nets["ampnet-fp32"].amp_skip_nonfinite is True
+    assert not nets["ampnet-fp32-monitor"].precision_policy_.enabled
+
+
+# ---- the workloads people train with AMP: transformer, ResNet, LSTM ---------------------------
+
+
+def _count(module, cls):
+    return sum(isinstance(m, cls) for m in module.modules())
+
+
+def test_full_size_workloads_are_the_stated_models():
+    from torch import nn
+
+    from ampnet_bench.workloads import get_workload
+
+    t = get_workload("transformer")
+    module, data = t.build_module(0), t.make_data(0)
+    layers = [m for m in module.modules() if isinstance(m, nn.TransformerEncoderLayer)]
+    assert len(layers) == 4 and all(m.self_attn.batch_first for m in layers)
+    assert module.embed.embedding_dim == 256 and data.X.shape[1] == 128 and data.X.dtype == torch.int64
+    r = get_workload("resnet")
+    resnet, images = r.build_module(0), r.make_data(0)
+    # ResNet-18 with a 10-class head: torchvision's 11,689,512 less 512 x 990 + 990
+    assert sum(p.numel() for p in resnet.parameters()) == 11_181_642
+    assert _count(resnet, nn.BatchNorm2d) == 20 and images.X.shape[1:] == (3, 64, 64)
+    n = get_workload("rnn")
+    rnn = n.build_module(0)
+    assert _count(rnn, nn.LSTM) == 1 and rnn.rnn.num_layers == 2 and rnn.rnn.batch_first
+    with torch.no_grad():
+        for wl, module, X in ((t, module, data.X[:2]), (r, resnet.eval(), images.X[:2]),
+                              (n, rnn, n.make_data(0).X[:2])):
+            assert module(X).shape == (2, 10), wl.name
+    for wl in (t, r, n):
+        assert wl.task == "train" and wl.n_batches >= 2
+        assert {tg.comparison for tg in wl.targets} >= {"ampnet_mixed_vs_fastest_peer", "ampnet_auto_vs_fastest_loop"}
+
+
+def test_quick_workloads_are_tiny_and_sizes_override():
+    from ampnet_bench.workloads import MODEL_DIMS, get_workload
+
+    for name in MODEL_DIMS:
+        module = get_workload(name, quick=True).build_module(0)
+        assert sum(p.numel() for p in module.parameters()) < 100_000, name
+    wl = get_workload("transformer", quick=True, dims={"d_model": "48", "n_layers": 2})
+    assert wl.build_module(0).embed.embedding_dim == 48 and "2 layers" in wl.title
+    gru = get_workload("rnn", quick=True, dims={"cell": "gru"}).build_module(0)
+    assert isinstance(gru.rnn, torch.nn.GRU)
+    narrow = get_workload("resnet", quick=True, dims={"widths": "4-8-16-32"}).build_module(0)
+    assert narrow.fc.in_features == 32
+    with pytest.raises(ValueError, match="no size 'depth'"):
+        get_workload("transformer", dims={"depth": 3})
+    with pytest.raises(ValueError, match="takes no sizes"):
+        get_workload("mlp", dims={"d_model": 3})
+
+
+def test_cli_reaches_the_new_workloads_and_their_sizes():
+    args = cli.build_parser().parse_args(
+        ["--workload", "transformer", "resnet", "rnn", "--quick", "--dims", "transformer.d_model=64",
+         "rnn.cell=gru"])
+    cfg = cli.config_from_args(args)
+    assert cfg.workloads == ("transformer", "resnet", "rnn")
+    assert cfg.workload("transformer").build_module(0).embed.embedding_dim == 64
+    assert isinstance(cfg.workload("rnn").build_module(0).rnn, torch.nn.GRU)
+    assert cfg.workload_dims("resnet") == {}
+    assert BenchConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg  # the workers get the sizes
+    all_cfg = cli.config_from_args(cli.build_parser().parse_args([]))
+    assert {"transformer", "resnet", "rnn"} <= set(all_cfg.workloads)
+    for bad in ("transformer.depth=3", "mlp.d_model=3", "d_model=3"):
+        with pytest.raises(SystemExit):
+            cli.build_parser().parse_args(["--dims", bad])
+
+
+def test_written_out_resnet18_has_torchvisions_structure():
+    import pickle
+
+    from ampnet_bench.workloads import ResNet18, resnet18_module
+
+    torch.manual_seed(0)
+    module = resnet18_module(10, use_torchvision=False)
+    assert isinstance(module, ResNet18)
+    stages = [getattr(module, f"layer{i}") for i in range(1, 5)]
+    assert [len(s) for s in stages] == [2, 2, 2, 2]
+    assert [s[0].downsample is not None for s in stages] == [False, True, True, True]
+    assert [s[-1].conv2.out_channels for s in stages] == [64, 128, 256, 512]
+    assert module.conv1.kernel_size == (7, 7) and module.conv1.stride == (2, 2)
+    X = torch.randn(2, 3, 64, 64)
+    last = resnet18_module(10, use_torchvision=False, channels_last=True)
+    last.load_state_dict(module.state_dict())
+    last = last.to(memory_format=torch.channels_last).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(last(X), module.eval()(X), rtol=1e-4, atol=1e-4)
+    assert pickle.loads(pickle.dumps(last))(X).shape == (2, 10)  # the hook is a module-level function
+
+
+def test_resnet_is_torchvisions_resnet18_where_installed():
+    torchvision = pytest.importorskip("torchvision")
+    from ampnet_bench.workloads import get_workload, resnet18_module
+
+    ours = resnet18_module(10, use_torchvision=False)
+    theirs = torchvision.models.resnet18(weights=None, num_classes=10)
+    assert {k: v.shape for k, v in ours.state_dict().items()} == {k: v.shape for k, v in theirs.state_dict().items()}
+    theirs.load_state_dict(ours.state_dict())
+    X = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(theirs.eval()(X), ours.eval()(X))
+    assert isinstance(resnet18_module(10), torchvision.models.ResNet)
+    assert get_workload("resnet").title.startswith("torchvision resnet18")
+
+
+@pytest.mark.slow
+def test_new_workloads_run_every_contender(tmp_path):
+    from ampnet_bench.docs_tables import summarize, table_markdown
+
+    cfg = BenchConfig(workloads=("transformer", "resnet", "rnn"), quick=True, rounds=1, epochs=1, warmup=1,
+                      optimizer="adamw")
+    results = runner.run_benchmark(cfg, log=lambda msg: None)
+    _check_results(results, ["transformer", "resnet", "rnn"], rounds=1)
+    flags = results["machine"]["cpu_flags"]
+    assert isinstance(flags["avx512_bf16"], bool) and isinstance(flags["amx_bf16"], bool)
+    md = to_markdown(results)
+    for w in results["workloads"]:
+        assert [c["key"] for c in w["contenders"]] == list(CONTENDER_KEYS)
+        auto = by_key(w, "ampnet-auto")["auto_choice"]
+        assert auto["chosen"] and auto["rounds"] == 1 and auto["per_round"] == [auto["chosen"]]
+        assert auto["cost_s"][0] >= 0 and "amp_enabled" in json.dumps(auto["params"])
+        assert f"`amp_enabled='auto'` chose **{auto['chosen']}**" in md
+        assert all(c["auto_choice"] is None for c in w["contenders"] if c["key"] != "ampnet-auto")
+        entry = summarize(w)
+        for row in entry["rows"]:
+            c = by_key(w, row["key"])
+            if not c["available"]:  # the peers without the bench extra; an fp16 LSTM on a CPU
+                assert c["error"] and row["ms_per_batch"] is None
+                continue
+            assert row["ms_per_batch"] == pytest.approx(c["ms_per_batch"])
+            assert row["min_ms"] <= row["ms_per_batch"] <= row["max_ms"]
+            assert row["final_loss"] == pytest.approx(c["final_loss"])
+        assert entry["aa_spread"] == pytest.approx(w["aa_control"]["spread"])
+        assert auto["chosen"] in entry["auto_choice"]
+        assert "not yet measured" not in "\n".join(table_markdown(entry)).split("| target |")[0]
+    assert "avx512_bf16" in md and "amx_bf16" in md
+
+
+# ---- the performance page's per-workload sections ---------------------------------------------
+
+
+def _docs_entry(times_ms):
+    from ampnet_bench.docs_tables import placeholder_data
+
+    entry = placeholder_data()["workloads"][0]
+    entry["auto_choice"] = "bfloat16 (mixed) (3 of 3 rounds)"
+    for row, ms in zip(entry["rows"], times_ms):
+        row.update(ms_per_batch=ms, min_ms=0.9 * ms, max_ms=1.2 * ms, epoch_s=ms * entry["n_batches"] / 1000,
+                   x_fp32_loop=ms / times_ms[0], final_loss=0.5, loss_vs_fp32=1.0, peak_mb=500.0, state_mib=96.4)
+    return entry
+
+
+def _check_docs_chart(fig, entry):
+    ax = fig.axes[0]
+    bars = {round(r.get_y() + r.get_height() / 2): r.get_width() for r in ax.patches}
+    labels = {round(t.get_position()[1]): t.get_text().strip() for t in ax.texts}
+    names = [t.get_text() for t in ax.get_yticklabels()]
+    assert sorted(bars) == sorted(labels)
+    rows = {r["label"]: r for r in entry["rows"]}
+    for y, width in bars.items():
+        value, unit = labels[y].split()
+        assert unit == "ms" and abs(width - float(value)) <= 0.05 + 1e-9, (names[y], width, labels[y])
+        assert width == pytest.approx(rows[names[y]]["ms_per_batch"])
+    return bars
+
+
+def test_docs_chart_bars_agree_with_their_labels():
+    from ampnet_bench.docs_tables import PLACEHOLDER, build_chart, placeholder_data
+
+    times = [120.0, 60.0, 61.5, 45.25, 70.0, 72.0, 47.0, 50.0, 66.6]
+    entry = _docs_entry(times)
+    bars = _check_docs_chart(build_chart(entry), entry)
+    assert sorted(bars.values()) == pytest.approx(sorted(times))  # one bar per contender, as long as its time
+    placeholder = placeholder_data()["workloads"][2]
+    ax = build_chart(placeholder).axes[0]
+    assert not ax.patches and [t.get_text() for t in ax.texts] == [PLACEHOLDER]
+    assert len(ax.get_yticklabels()) == len(placeholder["rows"])
+
+
+def test_docs_tables_are_generated_between_the_markers():
+    from ampnet_bench.docs_tables import PLACEHOLDER, placeholder_data, table_markdown, update_page
+
+    data = placeholder_data()
+    page = "intro\n" + "".join(f"% begin generated benchmark table: {n}\nold\n% end generated benchmark table: {n}\n"
+                               for n in ["machine"] + [w["name"] for w in data["workloads"]]) + "outro\n"
+    once = update_page(page, data)
+    assert "old" not in once and once.startswith("intro\n") and once.endswith("outro\n")
+    assert update_page(once, data) == once
+    assert once.count(PLACEHOLDER) > len(data["workloads"]) and "tools/benchmark_figure.py --measure" in once
+    data["workloads"][0] = _docs_entry([10.0] * 9)
+    data["workloads"][0]["aa_spread"] = 0.042
+    measured = "\n".join(table_markdown(data["workloads"][0]))
+    row = next(line for line in measured.splitlines() if line.startswith("| PyTorch loop, float32 |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    entry = data["workloads"][0]
+    assert float(cells[1].split()[0]) == pytest.approx(10.0 * entry["n_batches"])  # epoch, ms
+    assert [float(cells[i].split()[0]) for i in (2, 3, 4, 5)] == pytest.approx([10.0, 1.0, 500.0, 96.4])
+    assert "4.2%" in measured and PLACEHOLDER not in measured.split("| target |")[0]
+    with pytest.raises(ValueError, match="no markers"):
+        update_page("no markers here\n", data)
+
+
+def test_performance_page_shows_every_workload_from_the_json():
+    from ampnet_bench.docs_tables import update_page
+    from ampnet_bench.workloads import MODEL_WORKLOADS
+
+    from repo_paths import ROOT as root
+
+    data = json.loads((root / "docs" / "_data" / "benchmark_workloads.json").read_text(encoding="utf-8"))
+    page = (root / "docs" / "user_guide" / "performance.md").read_text(encoding="utf-8")
+    assert [w["name"] for w in data["workloads"]] == list(MODEL_WORKLOADS)
+    assert update_page(page, data) == page  # the page's tables are the JSON's
+    for name in MODEL_WORKLOADS:
+        png = root / "docs" / "_static" / f"benchmark-{name}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"../_static/benchmark-{name}.png" in page
+    assert "python tools/benchmark_figure.py --measure" in page
+
+
+def test_a_missed_target_within_the_aa_spread_reads_as_noise():
+    from ampnet_bench.docs_tables import met_cell
+
+    assert met_cell(True, "within noise") == "yes"
+    assert met_cell(False, "within noise") == "no, within the A/A spread (noise)"
+    assert met_cell(False, "differs") == "**no**" and met_cell(False, None) == "**no**"
+    assert met_cell(None, "differs") == ""
