@@ -2,7 +2,7 @@
 
 This package's front door: modules outside :mod:`ampnet.precision` import
 only the names listed in ``__all__`` here, never a submodule
-(``tests/test_architecture.py`` checks it). The first group is the public
+(``tests/ecosystem/test_architecture.py`` checks it). The first group is the public
 API; the second is what the rest of ampnet (the net, persistence, export,
 diagnosis) uses of the precision component.
 
