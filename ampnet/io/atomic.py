@@ -41,11 +41,9 @@ import time
 import uuid
 from typing import Any, Callable, Iterable, Mapping
 
-from ampnet.io.kinds import JOURNAL_MAX_BYTES
 from ampnet.io.lock import DirectoryLock, DirectoryLockedError, directory_locks
-from ampnet.io.numbers import check_values
-from ampnet.io.reading import read_untrusted
-from ampnet.io.structure import brief as describe
+from ampnet.io.untrusted import JOURNAL_MAX_BYTES, check_values, read_untrusted
+from ampnet.io.untrusted import brief as describe
 from ampnet.utils.validation import MAX_DEPTH, nesting_depth
 
 __all__ = [
@@ -75,7 +73,7 @@ def is_path(target: Any) -> bool:
 
 
 def read_json(target: Any, source: str, what: str, max_bytes: int) -> Any:
-    """Parse JSON from a path (opened as :func:`ampnet.io.reading.open_untrusted`
+    """Parse JSON from a path (opened as :func:`ampnet.io.untrusted.open_untrusted`
     does) or an open file, at most ``max_bytes`` long and nested at most
     :data:`ampnet.utils.validation.MAX_DEPTH` levels deep.
 
@@ -84,7 +82,7 @@ def read_json(target: Any, source: str, what: str, max_bytes: int) -> Any:
     ValueError
       ``"{source} is not {what} (...)"`` for content that is not UTF-8 JSON
       or is nested too deeply, or that holds an int beyond float range
-      (:func:`ampnet.io.numbers.check_values`); see :func:`~ampnet.io.reading.open_untrusted`
+      (:func:`ampnet.io.untrusted.check_values`); see :func:`~ampnet.io.untrusted.open_untrusted`
       for links, special files and sizes.
     """
     if is_path(target):

@@ -51,7 +51,7 @@ import uuid
 from typing import Any, Iterator
 
 from ampnet.exceptions import DirectoryLockedError
-from ampnet.io.kinds import LOCK_MAX_BYTES
+from ampnet.io.untrusted import LOCK_MAX_BYTES
 
 __all__ = [
     "LOCK_NAME", "STALE_AFTER_S", "REFRESH_EVERY_S", "DirectoryLockedError", "DirectoryLock",

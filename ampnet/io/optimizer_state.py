@@ -12,11 +12,11 @@ from typing import Any
 
 import torch
 
-from ampnet.io.numbers import finite_number
-from ampnet.io.structure import brief as describe
+from ampnet.io.untrusted import brief as describe
 from ampnet.utils.validation import (
     MAX_DEPTH,
     all_finite,
+    finite_number,
     is_bool,
     is_int,
     is_number,

@@ -57,7 +57,7 @@ from ampnet.io.files import (
     text_writer,
     state_writer,
 )
-from ampnet.io.kinds import KINDS, OPTIONAL_FILES, max_bytes
+from ampnet.io.untrusted import KINDS, OPTIONAL_FILES, max_bytes
 from ampnet.io.optimizer_state import check_optimizer_state
 from ampnet.io.rng import get_rng_state, prepare_rng_state
 from ampnet.io.rollback import Step, apply_all

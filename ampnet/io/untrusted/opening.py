@@ -1,7 +1,8 @@
-"""The one place where a load opens a file of a checkpoint folder.
+"""The one place where a load opens a file of a checkpoint folder, and the
+kinds of file a checkpoint holds.
 
 A checkpoint folder may come from anywhere, so every file in it is opened
-as untrusted:
+as untrusted (:func:`open_untrusted`, :func:`read_untrusted`):
 
 - **Regular files only.** A FIFO, a device (``/dev/zero``), a socket or a
   directory is refused before it is opened, and again after (the file is
@@ -11,35 +12,36 @@ as untrusted:
   in the directory that holds the link (or below it); a link that leaves
   it (``history.json -> ../outside.txt``, ``-> /dev/zero``) is refused.
   The directory itself may be reached through links.
-- **A size limit per kind of file** (:mod:`ampnet.io.kinds`): larger files
-  are refused before they are read, and no more than the limit is read.
-- **torch files** must be in torch's zip format with every record stored
-  uncompressed, as ``torch.save`` writes them (and a pickle whose skeleton
-  :func:`ampnet.io.legacy.check_zip_pickle` accepts), or in torch's legacy format
-  with every storage it declares held in the file
-  (:mod:`ampnet.io.legacy`), so that reading one never allocates more than
-  the file's size (a compressed record could expand without bound, a
-  legacy storage declare any size). :func:`check_torch_file` tells the two
-  apart by their first bytes, as ``torch.load`` does.
+- **A size limit per kind of file** (:data:`KINDS`, :func:`max_bytes`):
+  larger files are refused before they are read, and no more than the
+  limit is read.
+- **torch files** are then checked by
+  :func:`ampnet.io.untrusted.torch_files.check_torch_file`, so that reading
+  one never allocates more than the file's size.
 
 Every refusal is a ValueError that names the file; a file that cannot be
 opened raises an OSError that names it.
+
+The kinds of file (:data:`KINDS`) are one table: their default names,
+whether a checkpoint may lack them, and the most bytes a load reads from
+each. ``save_params``, ``load_params``, ``Checkpoint`` and
+``TrainEndCheckpoint`` spell the ``f_*`` arguments out in their signatures
+(for help and ``get_params``); everything else that lists the kinds uses
+this table.
 """
 
 from __future__ import annotations
 
-import io
 import os
 import stat
-import zipfile
+from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, BinaryIO
 
-from ampnet.io.legacy import check_torch_legacy, check_zip_pickle, is_torch_legacy
-
-__all__ = ["open_untrusted", "read_untrusted", "check_torch_file", "check_torch_zip", "read_error"]
-
-#: How torch tells a zip file (``torch.serialization._is_zipfile``).
-_ZIP_MAGIC = b"PK\x03\x04"
+__all__ = [
+    "open_untrusted", "read_untrusted", "read_error", "FileKind", "KINDS", "OPTIONAL_FILES",
+    "TENSOR_FILE_MAX_BYTES", "JOURNAL_MAX_BYTES", "LOCK_MAX_BYTES", "max_bytes", "MiB",
+]
 
 _KINDS_OF_FILE = (
     (stat.S_ISFIFO, "a FIFO (named pipe)"),
@@ -150,8 +152,8 @@ def open_untrusted(path: Any, source: str, max_bytes: int) -> BinaryIO:
         if info.st_size > max_bytes:
             raise ValueError(
                 f"{source} is {info.st_size} bytes, more than the {max_bytes} bytes that "
-                "ampnet reads from this kind of file (see ampnet.io.kinds). Nothing was "
-                "loaded. Fix: pass the file that save_params wrote."
+                "ampnet reads from this kind of file (see ampnet.io.untrusted.KINDS). Nothing "
+                "was loaded. Fix: pass the file that save_params wrote."
             )
         return os.fdopen(fd, "rb")
     except BaseException:
@@ -181,81 +183,82 @@ def read_untrusted(path: Any, source: str, max_bytes: int) -> bytes:
     return data
 
 
-def check_torch_zip(f: BinaryIO, source: str) -> None:
-    """Refuse a torch file that is not in torch's zip format with records
-    stored uncompressed and within the file's size; ``f`` is left at its
-    start.
+# ---- the kinds of file, and the most bytes read from each ----------------------
 
-    Raises
-    ------
-    ValueError
-      Naming ``source``.
+MiB = 1 << 20
+
+#: Parameter, optimizer and criterion files (and any other ``f_<name>``):
+#: tensors of any size, so the limit only rules out the absurd.
+TENSOR_FILE_MAX_BYTES = 1 << 40
+
+#: A journal lists a few renames.
+JOURNAL_MAX_BYTES = 1 * MiB
+
+#: A lock file holds a process id, a host name and a token.
+LOCK_MAX_BYTES = 4096
+
+
+@dataclass(frozen=True)
+class FileKind:
+    """One kind of checkpoint file.
+
+    Parameters
+    ----------
+    key : str
+      The argument that names it (``'f_params'``).
+
+    default : str
+      Its name in a ``Checkpoint`` folder.
+
+    max_bytes : int
+      The most bytes a load reads from it; a larger file is refused.
+
+    optional : bool
+      Whether a checkpoint may lack it (an older checkpoint, or skorch's
+      ``Checkpoint``): it is then skipped with an ``AmpWarning``.
+
+    consequence : str
+      For optional kinds: what a load without the file loses.
     """
-    f.seek(0, io.SEEK_END)
-    size = f.tell()
-    f.seek(0)
-    try:
-        with zipfile.ZipFile(f) as archive:
-            records = archive.infolist()
-    except (zipfile.BadZipFile, ValueError, EOFError, OSError, NotImplementedError) as exc:
-        raise ValueError(
-            f"{source} cannot be read as a torch file: it is not in torch's zip format "
-            f"({type(exc).__name__}: {exc}). ampnet reads only the zip format that "
-            "torch.save writes, and torch's legacy format (torch < 1.6). Nothing was loaded. "
-            "Fix: pass the file that save_params wrote, with the same use_safetensors setting."
-        ) from exc
-    finally:
-        f.seek(0)
-    compressed = [r.filename for r in records if r.compress_type != zipfile.ZIP_STORED]
-    if compressed or sum(r.file_size for r in records) > size:
-        raise ValueError(
-            f"{source} cannot be read as a torch file: it holds compressed records "
-            f"{compressed[:4]} or records larger than the file; torch.save stores every record uncompressed, and a compressed one could "
-            "expand without bound while it is read. Nothing was loaded. Fix: pass the file "
-            "that save_params wrote."
-        )
-    for record in records:
-        if record.filename == "data.pkl" or record.filename.endswith("/data.pkl"):
-            try:
-                with zipfile.ZipFile(f) as archive:
-                    data = archive.read(record)
-            except (zipfile.BadZipFile, ValueError, EOFError, OSError, NotImplementedError) as exc:
-                raise ValueError(f"{source} cannot be read as a torch file ({type(exc).__name__}: "
-                                 f"{exc}). Nothing was loaded.") from exc
-            finally:
-                f.seek(0)
-            check_zip_pickle(data, size, source)
+
+    key: str
+    default: str
+    max_bytes: int
+    optional: bool = False
+    consequence: str = ""
 
 
-def check_torch_file(f: BinaryIO, source: str) -> BinaryIO:
-    """Check a torch file in the format that ``torch.load`` will read it in
-    (zip when it begins as a zip file does, else legacy): the zip format as
-    :func:`check_torch_zip` checks it, the legacy format as
-    :func:`ampnet.io.legacy.check_torch_legacy` does.
+#: Every kind, in the order of the ``f_*`` arguments.
+KINDS: "MappingProxyType[str, FileKind]" = MappingProxyType({
+    kind.key: kind
+    for kind in (
+        FileKind("f_params", "params.pt", TENSOR_FILE_MAX_BYTES),
+        FileKind("f_optimizer", "optimizer.pt", TENSOR_FILE_MAX_BYTES),
+        FileKind("f_criterion", "criterion.pt", TENSOR_FILE_MAX_BYTES),
+        FileKind("f_history", "history.json", 256 * MiB),
+        FileKind(
+            "f_grad_scaler", "grad_scaler.pt", 1 * MiB, optional=True,
+            consequence="the loss scale restarts from grad_scaler__init_scale",
+        ),
+        FileKind(
+            "f_rng_state", "rng_state.pt", 16 * MiB, optional=True,
+            consequence="random numbers (shuffling, dropout) will differ from an "
+            "uninterrupted run",
+        ),
+        FileKind(
+            "f_lr_schedulers", "lr_schedulers.json", 16 * MiB, optional=True,
+            consequence="skorch rebuilds the learning-rate schedulers from the history, "
+            "which is not exact",
+        ),
+    )
+})
 
-    Returns
-    -------
-    file object
-      What to pass to ``torch.load``: ``f`` itself (zip), or ``f`` behind a
-      reader that never reads past its end (legacy); at its start.
+#: Checkpoint files that older checkpoints lack; they load with a warning.
+OPTIONAL_FILES = tuple(key for key, kind in KINDS.items() if kind.optional)
 
-    Raises
-    ------
-    ValueError
-      Naming ``source``: neither format, or a file that the checks refuse.
-    """
-    f.seek(0)
-    head = f.read(len(_ZIP_MAGIC))
-    f.seek(0)
-    if head != _ZIP_MAGIC and is_torch_legacy(f):
-        size = f.seek(0, io.SEEK_END)
-        f.seek(0)
-        return check_torch_legacy(f, size, source)
-    check_torch_zip(f, source)
-    if head != _ZIP_MAGIC:  # a zip archive that torch would read as a legacy file
-        raise ValueError(
-            f"{source} cannot be read as a torch file: it does not begin as torch's zip "
-            "format does (torch would read it as a legacy file, which it is not). Nothing "
-            "was loaded. Fix: pass the file that save_params wrote."
-        )
-    return f
+
+def max_bytes(key: str) -> int:
+    """The most bytes a load reads from the file of ``key`` (any other
+    ``f_<name>`` holds a state dict, as a parameter file does)."""
+    kind = KINDS.get(key)
+    return kind.max_bytes if kind is not None else TENSOR_FILE_MAX_BYTES
