@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from ampnet.utils.tree import has_nonfinite
-from ampnet.precision.checks import grads_are_finite
+from ampnet.precision.checks import nonfinite_grads
 from ampnet.training.step import may_use_closure, needs_closure
 
 
@@ -12,6 +12,11 @@ def param_with_grad(values, dtype=torch.float32):
     p = torch.nn.Parameter(torch.zeros(len(values), dtype=dtype))
     p.grad = torch.tensor(values, dtype=dtype)
     return p
+
+
+def grads_are_finite(params):
+    """Whether every gradient is finite, read from the device's flag."""
+    return not bool(nonfinite_grads(params).item())
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])

@@ -22,7 +22,7 @@ import torch
 from ampnet.exceptions import amp_warn
 
 __all__ = [
-    "get_rng_state", "set_rng_state", "validate_rng_state", "prepare_rng_state",
+    "get_rng_state", "set_rng_state", "prepare_rng_state",
     "PreparedRngState",
 ]
 
@@ -305,18 +305,6 @@ def prepare_rng_state(state: Any, source: str = "the RNG state") -> PreparedRngS
             + ". No generator was changed."
         )
     return PreparedRngState(torch_state, numpy_state, python_state, tuple(cuda_states), source)
-
-
-def validate_rng_state(state: Any, source: str = "the RNG state") -> None:
-    """Check an RNG state before any generator is changed (see
-    :func:`prepare_rng_state`).
-
-    Raises
-    ------
-    ValueError
-      Naming ``source`` and each field in error.
-    """
-    prepare_rng_state(state, source)
 
 
 def set_rng_state(state: dict[str, torch.Tensor], source: str = "the RNG state") -> None:
