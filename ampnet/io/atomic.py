@@ -216,14 +216,10 @@ def _own_name(name: Any) -> bool:
     )
 
 
-def _read_journal(directory: str, path: str) -> list[tuple[str, str]] | None:
-    """The renames of the journal at ``path``, checked; None without one.
-
-    Raises
-    ------
-    ValueError
-      Naming the journal, for anything that ampnet does not write.
-    """
+def _journal_data(path: str) -> dict | None:
+    """The JSON object of the journal at ``path``, a regular file within
+    the size limit, with the keys and the version that ampnet writes; None
+    without one."""
     try:
         info = os.lstat(path)
     except FileNotFoundError:
@@ -253,7 +249,12 @@ def _read_journal(directory: str, path: str) -> list[tuple[str, str]] | None:
         raise _journal_error(
             path, f"ampnet_journal_version is {describe(version)}, expected {_JOURNAL_VERSION}"
         )
-    moves, journals = data["moves"], data["journals"]
+    return data
+
+
+def _journal_moves(path: str, moves: Any, journals: Any) -> list[tuple[str, str]]:
+    """The renames a journal lists: each from an ampnet temporary file of
+    its directory to the file it was written for, no two onto one name."""
     if not isinstance(moves, list) or not isinstance(journals, list):
         raise _journal_error(path, "'moves' and 'journals' must be lists")
     pairs: list[tuple[str, str]] = []
@@ -277,6 +278,12 @@ def _read_journal(directory: str, path: str) -> list[tuple[str, str]] | None:
         raise _journal_error(
             path, f"'journals' may list only {JOURNAL_NAME!r}, got {describe(journals)}"
         )
+    return pairs
+
+
+def _check_moved_files(directory: str, path: str, pairs: list[tuple[str, str]]) -> None:
+    """Refuse a move whose temporary file is a link, or whose temporary
+    file or target is a directory."""
     for temp, final in pairs:
         for name, kind in ((temp, "temporary file"), (final, "target")):
             try:
@@ -287,6 +294,21 @@ def _read_journal(directory: str, path: str) -> list[tuple[str, str]] | None:
                 raise _journal_error(path, f"the {kind} {name!r} is a symbolic link")
             if stat.S_ISDIR(mode):
                 raise _journal_error(path, f"the {kind} {name!r} is a directory")
+
+
+def _read_journal(directory: str, path: str) -> list[tuple[str, str]] | None:
+    """The renames of the journal at ``path``, checked; None without one.
+
+    Raises
+    ------
+    ValueError
+      Naming the journal, for anything that ampnet does not write.
+    """
+    data = _journal_data(path)
+    if data is None:
+        return None
+    pairs = _journal_moves(path, data["moves"], data["journals"])
+    _check_moved_files(directory, path, pairs)
     return pairs
 
 
