@@ -66,23 +66,10 @@ class _Placeholder:
     def __new__(cls, *args: Any, **kwargs: Any) -> "_Placeholder":
         return object.__new__(cls)
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def _ignore(self, *args: Any, **kwargs: Any) -> None:
         pass
 
-    def __setstate__(self, state: Any) -> None:
-        pass
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        pass
-
-    def append(self, value: Any) -> None:
-        pass
-
-    def extend(self, values: Any) -> None:
-        pass
-
-    def add(self, value: Any) -> None:
-        pass
+    __init__ = __setstate__ = __setitem__ = append = extend = add = _ignore
 
 
 class StorageRef(_Placeholder):
@@ -148,31 +135,27 @@ class SkeletonUnpickler(pickle._Unpickler):  # the pure-Python one: reads go thr
         if problem:
             raise HashedEntryError(problem)
 
-    def _load_setitem(self) -> None:
-        self._check_hashed(self.stack[-2:-1])
-        pickle._Unpickler.load_setitem(self)
 
-    def _load_setitems(self) -> None:  # the items since the mark are on the stack
-        self._check_hashed(self.stack[0::2])
-        pickle._Unpickler.load_setitems(self)
+def _hashing(load: Callable[[Any], None], hashed: Callable[[list], Iterable[Any]]) -> Callable[[Any], None]:
+    """The unpickler's ``load`` of an opcode that hashes ``hashed(stack)``,
+    those entries checked first."""
+    def checked(self: SkeletonUnpickler) -> None:
+        self._check_hashed(hashed(self.stack))
+        load(self)
+    return checked
 
-    def _load_dict(self) -> None:
-        self._check_hashed(self.stack[0::2])
-        pickle._Unpickler.load_dict(self)
 
-    def _load_additems(self) -> None:
-        self._check_hashed(self.stack)
-        pickle._Unpickler.load_additems(self)
-
-    def _load_frozenset(self) -> None:
-        self._check_hashed(self.stack)
-        pickle._Unpickler.load_frozenset(self)
-
-    dispatch[pickle.SETITEM[0]] = _load_setitem
-    dispatch[pickle.SETITEMS[0]] = _load_setitems
-    dispatch[pickle.DICT[0]] = _load_dict
-    dispatch[pickle.ADDITEMS[0]] = _load_additems
-    dispatch[pickle.FROZENSET[0]] = _load_frozenset
+# the opcodes that build a dict or a set, and the entries on the stack they hash
+# (SETITEMS and DICT: the items since the mark, key first)
+for _opcode, _load, _hashed in (
+    (pickle.SETITEM, pickle._Unpickler.load_setitem, lambda stack: stack[-2:-1]),
+    (pickle.SETITEMS, pickle._Unpickler.load_setitems, lambda stack: stack[0::2]),
+    (pickle.DICT, pickle._Unpickler.load_dict, lambda stack: stack[0::2]),
+    (pickle.ADDITEMS, pickle._Unpickler.load_additems, lambda stack: stack),
+    (pickle.FROZENSET, pickle._Unpickler.load_frozenset, lambda stack: stack),
+):
+    SkeletonUnpickler.dispatch[_opcode[0]] = _hashing(_load, _hashed)
+del _opcode, _load, _hashed
 
 
 # ---- the calls: what they would allocate ---------------------------------------

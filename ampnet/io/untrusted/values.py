@@ -34,13 +34,12 @@ it; the field checks use the overflow-safe tests of
 
 from __future__ import annotations
 
-import builtins
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from ampnet.utils.validation import MAX_DEPTH, as_float, is_number, tensor_problem
+from ampnet.utils.validation import MAX_DEPTH, as_float, is_number, tensor_problem, type_name
 
 __all__ = [
     "MIN_ENTRIES", "structure_problem", "check_structure", "brief", "refusal", "unusable_value",
@@ -188,27 +187,19 @@ def check_structure(data: Any, source: str, size: int | None) -> Any:
     return data
 
 
-def _name(value: Any) -> str:
-    cls = type(value)
-    name = cls.__name__
-    if cls.__module__ != "builtins" and hasattr(builtins, name):
-        name = f"{cls.__module__.split('.')[0]}.{name}"
-    return name
-
-
 #: A structure of at most this many entries (every place counted) is shown
 #: by its own ``repr``.
 _SMALL = 64
 
 
-class _Repr:
-    """Shows ``value`` by its own ``repr`` (in :func:`_text`)."""
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-    def __repr__(self) -> str:
-        return repr(self.value)
+def _repr(value: Any) -> str:
+    """``repr(value)``; never raises."""
+    try:
+        return repr(value)
+    except ValueError:  # an int beyond Python's digit limit for str
+        return f"<an int of {value.bit_length()} bits>" if isinstance(value, int) else "<no repr>"
+    except Exception:  # a hostile object's repr
+        return "<no repr>"
 
 
 def _text(value: Any, room: int) -> str:
@@ -218,43 +209,28 @@ def _text(value: Any, room: int) -> str:
         return ""
     if isinstance(value, (str, bytes, bytearray)):
         return repr(value[:room])[: room + 1]
-    if isinstance(value, _CONTAINERS):
-        if structure_problem(value, _SMALL) is None:  # its own repr, which is short
-            return _text(_Repr(value), room)
+    if not isinstance(value, _CONTAINERS) or structure_problem(value, _SMALL) is None:
+        return _repr(value)[: room + 1]  # a small structure: its own repr, which is short
+    ends = "[]" if isinstance(value, list) else "()" if isinstance(value, tuple) else "{}"
+    parts, used = [ends[0]], 1
+    items = value.items() if isinstance(value, Mapping) else value
+    for n, entry in enumerate(items):
+        if used >= room:
+            parts.append("...")
+            break
+        if n:
+            parts.append(", ")
+            used += 2
         if isinstance(value, Mapping):
-            ends = ("{", "}")
-        elif isinstance(value, list):
-            ends = ("[", "]")
-        elif isinstance(value, tuple):
-            ends = ("(", ")")
+            key, entry = entry
+            text = _text(key, room - used) + ": "
+            text += _text(entry, room - used - len(text))
         else:
-            ends = ("{", "}")
-        parts, used = [ends[0]], 1
-        items = value.items() if isinstance(value, Mapping) else value
-        for n, entry in enumerate(items):
-            if used >= room:
-                parts.append("...")
-                break
-            if n:
-                parts.append(", ")
-                used += 2
-            if isinstance(value, Mapping):
-                key, entry = entry
-                text = _text(key, room - used) + ": "
-                text += _text(entry, room - used - len(text))
-            else:
-                text = _text(entry, room - used)
-            parts.append(text)
-            used += len(text)
-        parts.append(ends[1])
-        return "".join(parts)
-    try:
-        text = repr(value)
-    except ValueError:  # an int beyond Python's digit limit for str
-        text = f"<an int of {value.bit_length()} bits>" if isinstance(value, int) else "<no repr>"
-    except Exception:  # a hostile object's repr
-        text = "<no repr>"
-    return text[: room + 1]
+            text = _text(entry, room - used)
+        parts.append(text)
+        used += len(text)
+    parts.append(ends[1])
+    return "".join(parts)
 
 
 def brief(value: Any, width: int = 80, typed: bool = True) -> str:
@@ -277,7 +253,7 @@ def brief(value: Any, width: int = 80, typed: bool = True) -> str:
     text = _text(value, width + 1)
     if len(text) > width:
         text = text[: width - 3] + "..."
-    return f"{text} ({_name(value)})" if typed else text
+    return f"{text} ({type_name(type(value))})" if typed else text
 
 
 # ---- numbers: every value usable as a number or a tensor ----------------------
