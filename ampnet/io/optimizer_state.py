@@ -27,22 +27,6 @@ from ampnet.utils.validation import (
 __all__ = ["check_optimizer_state"]
 
 
-def _plain_problem(value: Any, path: str, depth: int = 0) -> str | None:
-    """Why ``value`` is not a plain setting (a finite number, bool, None,
-    str, or a list of these)."""
-    if value is None or is_bool(value) or isinstance(value, str):
-        return None
-    if is_number(value):
-        return None if finite_number(value) else f"{path} = {describe(value)} is not a finite number"
-    if isinstance(value, (list, tuple)) and depth < MAX_DEPTH:
-        for i, item in enumerate(value):
-            problem = _plain_problem(item, f"{path}[{i}]", depth + 1)
-            if problem:
-                return problem
-        return None
-    return f"{path} = {describe(value)} is not a plain setting"
-
-
 def _state_value_problem(value: Any, param: torch.Tensor, group_numel: int, path: str,
                          depth: int = 0) -> str | None:
     """Why ``value`` cannot be per-parameter optimizer state of ``param``.
