@@ -42,12 +42,11 @@ import uuid
 from typing import Any, Callable, Iterable, Mapping
 
 from ampnet.io.lock import DirectoryLock, DirectoryLockedError, directory_locks
-from ampnet.io.untrusted import JOURNAL_MAX_BYTES, check_values, read_untrusted
+from ampnet.io.untrusted import JOURNAL_MAX_BYTES, is_path, read_untrusted
 from ampnet.io.untrusted import brief as describe
-from ampnet.utils.validation import MAX_DEPTH, nesting_depth
 
 __all__ = [
-    "atomic_write_group", "recover", "is_path", "read_json", "write_key", "TEMP_SUFFIX",
+    "atomic_write_group", "recover", "is_path", "write_key", "TEMP_SUFFIX",
     "JOURNAL_NAME",
 ]
 
@@ -64,46 +63,6 @@ _JOURNAL_KEYS = ("ampnet_journal_version", "moves", "journals")
 _TEMP_NAME = re.compile(r"\.(?P<base>.+)\.[0-9a-f]{12}" + re.escape(TEMP_SUFFIX), re.DOTALL)
 
 Writer = Callable[[str], None]
-
-
-def is_path(target: Any) -> bool:
-    """Whether ``target`` names a file (str or path-like), as opposed to an
-    open file object."""
-    return isinstance(target, (str, os.PathLike))
-
-
-def read_json(target: Any, source: str, what: str, max_bytes: int) -> Any:
-    """Parse JSON from a path (opened as :func:`ampnet.io.untrusted.open_untrusted`
-    does) or an open file, at most ``max_bytes`` long and nested at most
-    :data:`ampnet.utils.validation.MAX_DEPTH` levels deep.
-
-    Raises
-    ------
-    ValueError
-      ``"{source} is not {what} (...)"`` for content that is not UTF-8 JSON
-      or is nested too deeply, or that holds an int beyond float range
-      (:func:`ampnet.io.untrusted.check_values`); see :func:`~ampnet.io.untrusted.open_untrusted`
-      for links, special files and sizes.
-    """
-    if is_path(target):
-        raw = read_untrusted(target, source, max_bytes)
-    else:
-        raw = target.read(max_bytes + 1)
-        if len(raw) > max_bytes:
-            raise ValueError(f"{source} is larger than {max_bytes} bytes; it is not {what}.")
-    try:
-        data = json.loads(raw)
-    except (ValueError, RecursionError) as exc:  # also UnicodeDecodeError
-        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
-        raise ValueError(f"{source} is not {what} ({reason}).") from exc
-    except TypeError as exc:  # a file object that yields neither str nor bytes
-        raise ValueError(f"{source} is not {what} ({exc}).") from exc
-    if nesting_depth(data) > MAX_DEPTH:
-        raise ValueError(
-            f"{source} is not {what}: its lists and dicts are nested more than "
-            f"{MAX_DEPTH} levels deep, which ampnet never writes."
-        )
-    return check_values(data, source, len(raw))
 
 
 #: What to do about a write error, by errno.

@@ -12,8 +12,10 @@ import torch
 from skorch.callbacks import TrainEndCheckpoint as SkorchTrainEndCheckpoint
 from skorch.history import History
 
-from ampnet.io.atomic import is_path, read_json, recover
-from ampnet.io.untrusted import check_torch_file, check_values, max_bytes, open_untrusted, read_error, read_untrusted
+from ampnet.io.atomic import recover
+from ampnet.io.untrusted import (
+    check_torch_file, check_values, is_path, max_bytes, open_untrusted, read_error, read_json, read_untrusted,
+)
 from ampnet.io.untrusted import brief as describe
 from ampnet.utils.validation import (
     all_finite,

@@ -2,7 +2,7 @@
 read and checked here before a load hands on anything it holds.
 
 - :mod:`~ampnet.io.untrusted.opening`: regular files only, links that stay
-  in their folder, a size limit per kind of file (:data:`KINDS`);
+  in their folder, a size limit per kind of file (:data:`KINDS`); JSON;
 - :mod:`~ampnet.io.untrusted.torch_files`: torch's zip and legacy formats,
   checked so that ``torch.load`` never allocates more than the file's size;
 - :mod:`~ampnet.io.untrusted.pickles`: a pickle read as a skeleton (no code
@@ -20,16 +20,18 @@ from ampnet.io.untrusted.opening import (
     LOCK_MAX_BYTES,
     OPTIONAL_FILES,
     TENSOR_FILE_MAX_BYTES,
+    is_path,
     max_bytes,
     open_untrusted,
     read_error,
+    read_json,
     read_untrusted,
 )
 from ampnet.io.untrusted.torch_files import check_torch_file
 from ampnet.io.untrusted.values import brief, check_values
 
 __all__ = [
-    "open_untrusted", "read_untrusted", "read_error", "KINDS", "OPTIONAL_FILES", "max_bytes",
-    "TENSOR_FILE_MAX_BYTES", "JOURNAL_MAX_BYTES", "LOCK_MAX_BYTES", "check_torch_file", "brief",
-    "check_values",
+    "open_untrusted", "read_untrusted", "read_json", "is_path", "read_error", "KINDS", "OPTIONAL_FILES",
+    "max_bytes", "TENSOR_FILE_MAX_BYTES", "JOURNAL_MAX_BYTES", "LOCK_MAX_BYTES", "check_torch_file",
+    "brief", "check_values",
 ]

@@ -1,5 +1,5 @@
-"""The one place where a load opens a file of a checkpoint folder, and the
-kinds of file a checkpoint holds.
+"""The one place where a load opens a file of a checkpoint folder (and
+reads JSON from it), and the kinds of file a checkpoint holds.
 
 A checkpoint folder may come from anywhere, so every file in it is opened
 as untrusted (:func:`open_untrusted`, :func:`read_untrusted`):
@@ -20,7 +20,9 @@ as untrusted (:func:`open_untrusted`, :func:`read_untrusted`):
   one never allocates more than the file's size.
 
 Every refusal is a ValueError that names the file; a file that cannot be
-opened raises an OSError that names it.
+opened raises an OSError that names it. :func:`read_json` parses what it
+read, nested at most ``MAX_DEPTH`` levels, its values checked
+(:func:`ampnet.io.untrusted.values.check_values`).
 
 The kinds of file (:data:`KINDS`) are one table: their default names,
 whether a checkpoint may lack them, and the most bytes a load reads from
@@ -32,14 +34,18 @@ this table.
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, BinaryIO
 
+from ampnet.io.untrusted.values import check_values
+from ampnet.utils.validation import MAX_DEPTH, nesting_depth
+
 __all__ = [
-    "open_untrusted", "read_untrusted", "read_error", "FileKind", "KINDS", "OPTIONAL_FILES",
+    "open_untrusted", "read_untrusted", "read_error", "read_json", "is_path", "FileKind", "KINDS", "OPTIONAL_FILES",
     "TENSOR_FILE_MAX_BYTES", "JOURNAL_MAX_BYTES", "LOCK_MAX_BYTES", "max_bytes", "MiB",
 ]
 
@@ -181,6 +187,46 @@ def read_untrusted(path: Any, source: str, max_bytes: int) -> bytes:
             f"{source} grew past {max_bytes} bytes while it was read. Nothing was loaded."
         )
     return data
+
+
+def is_path(target: Any) -> bool:
+    """Whether ``target`` names a file (str or path-like), as opposed to an
+    open file object."""
+    return isinstance(target, (str, os.PathLike))
+
+
+def read_json(target: Any, source: str, what: str, max_bytes: int) -> Any:
+    """Parse JSON from a path (opened as :func:`open_untrusted`
+    does) or an open file, at most ``max_bytes`` long and nested at most
+    :data:`ampnet.utils.validation.MAX_DEPTH` levels deep.
+
+    Raises
+    ------
+    ValueError
+      ``"{source} is not {what} (...)"`` for content that is not UTF-8 JSON
+      or is nested too deeply, or that holds an int beyond float range
+      (:func:`ampnet.io.untrusted.values.check_values`); see :func:`open_untrusted`
+      for links, special files and sizes.
+    """
+    if is_path(target):
+        raw = read_untrusted(target, source, max_bytes)
+    else:
+        raw = target.read(max_bytes + 1)
+        if len(raw) > max_bytes:
+            raise ValueError(f"{source} is larger than {max_bytes} bytes; it is not {what}.")
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError) as exc:  # also UnicodeDecodeError
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise ValueError(f"{source} is not {what} ({reason}).") from exc
+    except TypeError as exc:  # a file object that yields neither str nor bytes
+        raise ValueError(f"{source} is not {what} ({exc}).") from exc
+    if nesting_depth(data) > MAX_DEPTH:
+        raise ValueError(
+            f"{source} is not {what}: its lists and dicts are nested more than "
+            f"{MAX_DEPTH} levels deep, which ampnet never writes."
+        )
+    return check_values(data, source, len(raw))
 
 
 # ---- the kinds of file, and the most bytes read from each ----------------------
