@@ -7,9 +7,10 @@ every change it makes to the net is undone. See
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from skorch.dataset import unpack_data
@@ -190,16 +191,9 @@ class _Recorder:
                 t.register_hook(self.grad)
 
 
-def build_report(net: Any, X: Any, y: Any = None, dtype: Any = None) -> PrecisionReport:
-    """Build the report of :meth:`precision_report` for an initialized net."""
-    policy = net.precision_policy_
-    target = net.precision_.report_dtype(dtype)
-    finfo = torch.finfo(target)
-    # values at most half the smallest subnormal round to zero
-    threshold = finfo.tiny * finfo.eps / 2
-    scaler = net.grad_scaler_
-    scale = float(scaler.get_scale()) if scaler.is_enabled() else 1.0
-    rng = torch.get_rng_state()  # the data loader draws a seed
+def _first_batch(net: Any, X: Any, y: Any, rng: torch.Tensor) -> tuple[Any, Any]:
+    """(X, y) of the first batch that the net's evaluation iterator yields;
+    the RNG is set back to ``rng`` when there is none."""
     try:
         batch = next(iter(net.get_iterator(net.get_dataset(X, y), training=False)))
     except StopIteration:
@@ -208,12 +202,16 @@ def build_report(net: Any, X: Any, y: Any = None, dtype: Any = None) -> Precisio
             "precision_report needs at least one sample, but X holds none (it yields no "
             "batch). Fix: pass a non-empty X, e.g. the first few hundred training samples."
         ) from None
-    Xi, yi = unpack_data(batch)
+    return unpack_data(batch)
 
-    root = module_root(net.module_)
-    named = list(root.named_modules())
-    rows = {n: ModuleReport(n, type(m).__name__, dtype_max=float(finfo.max)) for n, m in named}
-    recorders = {n: _Recorder(rows[n], scale, threshold) for n, _ in named}
+
+@contextlib.contextmanager
+def _recording(net: Any, root: torch.nn.Module, named: list, recorders: dict,
+               rng: torch.Tensor) -> Iterator[None]:
+    """Hooks ``recorders`` on the modules of ``named`` for one eager pass in
+    training mode (as skorch's train step sets it) from no gradients; then
+    puts back what the pass changes: hooks, modes, gradients, buffers, the
+    compiled module and the RNG state ``rng``."""
     handles = [
         m.register_forward_hook(recorders[n], with_kwargs=True, prepend=True) for n, m in named
     ]
@@ -228,19 +226,9 @@ def build_report(net: Any, X: Any, y: Any = None, dtype: Any = None) -> Precisio
         for p, _ in grads:
             p.grad = None
         net.__dict__["module_"] = root  # record eagerly, also with compile=True
-        for m in modules:  # training mode, as skorch's train step sets it
+        for m in modules:
             m.train()
-        y_pred = net.infer(Xi)
-        if yi is not None and (y is not None or isinstance(X, torch.utils.data.Dataset)):
-            loss = net.get_loss(y_pred, yi, X=Xi, training=True)
-        else:
-            loss = sum(t.float().sum() for t in _tensors(y_pred))
-        (loss * scale).backward()
-        for n, m in named:
-            for p in m.parameters(recurse=False):
-                if p.grad is not None:
-                    rows[n].param_grad_dtypes.append(_short(p.grad.dtype))
-                    recorders[n].add_grad(p.grad)
+        yield
     finally:
         net.__dict__["module_"] = compiled
         for h in handles:
@@ -254,36 +242,82 @@ def build_report(net: Any, X: Any, y: Any = None, dtype: Any = None) -> Precisio
                 b.copy_(saved)
         torch.set_rng_state(rng)
 
-    layout = getattr(net, "amp_layout_", None)
-    fp32_roots = layout.fp32_modules if layout is not None else ()
-    limit = float(finfo.max) * NEAR_OVERFLOW
-    act_origins: list[str] = []
-    grad_risks: list[str] = []
+
+def _training_pass(net: Any, named: list, rows: dict, recorders: dict, Xi: Any, yi: Any,
+                   with_loss: bool, scale: float) -> None:
+    """One forward and backward pass (the net's loss when ``with_loss``,
+    else the sum of the outputs), the parameters' gradients recorded."""
+    y_pred = net.infer(Xi)
+    if yi is not None and with_loss:
+        loss = net.get_loss(y_pred, yi, X=Xi, training=True)
+    else:
+        loss = sum(t.float().sum() for t in _tensors(y_pred))
+    (loss * scale).backward()
     for n, m in named:
-        row = rows[n]
-        row.param_dtypes = sorted({_short(p.dtype) for p in m.parameters(recurse=False)})
-        for attr in ("input_dtypes", "output_dtypes", "grad_dtypes", "param_grad_dtypes"):
-            setattr(row, attr, sorted(set(getattr(row, attr))))
-        row.underflow_share = row._underflow / row._nonzero if row._nonzero else 0.0
-        for kind, value in (("activation", row.max_abs_activation), ("grad", row.max_abs_grad)):
-            if value >= finfo.max:
-                row.flags.append(f"{kind}-overflow")
-            elif value >= limit:
-                row.flags.append(f"{kind}-near-overflow")
-        if row.underflow_share >= UNDERFLOW_FLAG:
-            row.flags.append("underflow")
-        if is_inside(n, fp32_roots):
-            continue  # already float32
-        if row.max_abs_activation >= limit and row.max_abs_input < limit:
-            act_origins.append(n)
-        if math.isfinite(row.max_abs_grad) and row.max_abs_grad >= limit:
-            grad_risks.append(n)
-    # an activation overflow poisons the whole backward pass: recommend its
-    # origins only; otherwise the modules with (finite) huge gradients
+        for p in m.parameters(recurse=False):
+            if p.grad is not None:
+                rows[n].param_grad_dtypes.append(_short(p.grad.dtype))
+                recorders[n].add_grad(p.grad)
+
+
+def _finish_row(row: ModuleReport, module: torch.nn.Module, dtype_max: float, limit: float) -> None:
+    """Sort the row's dtypes, set its underflow share and its flags."""
+    row.param_dtypes = sorted({_short(p.dtype) for p in module.parameters(recurse=False)})
+    for attr in ("input_dtypes", "output_dtypes", "grad_dtypes", "param_grad_dtypes"):
+        setattr(row, attr, sorted(set(getattr(row, attr))))
+    row.underflow_share = row._underflow / row._nonzero if row._nonzero else 0.0
+    for kind, value in (("activation", row.max_abs_activation), ("grad", row.max_abs_grad)):
+        if value >= dtype_max:
+            row.flags.append(f"{kind}-overflow")
+        elif value >= limit:
+            row.flags.append(f"{kind}-near-overflow")
+    if row.underflow_share >= UNDERFLOW_FLAG:
+        row.flags.append("underflow")
+
+
+def _recommend(rows: list[ModuleReport], limit: float, fp32_roots: Any) -> list[str]:
+    """The modules to keep in float32: where an activation overflow begins
+    (it poisons the whole backward pass), else those with (finite) huge
+    gradients; outermost first, none inside another, none already float32."""
+    act_origins = [
+        r.module for r in rows
+        if not is_inside(r.module, fp32_roots) and r.max_abs_activation >= limit and r.max_abs_input < limit
+    ]
+    grad_risks = [
+        r.module for r in rows
+        if not is_inside(r.module, fp32_roots) and math.isfinite(r.max_abs_grad) and r.max_abs_grad >= limit
+    ]
     origins = act_origins or grad_risks
-    recommended = [
+    return [
         n for n in origins if not any(o != n and (n == "" or o.startswith(n + ".")) for o in origins)
     ]
+
+
+def build_report(net: Any, X: Any, y: Any = None, dtype: Any = None) -> PrecisionReport:
+    """Build the report of :meth:`precision_report` for an initialized net."""
+    policy = net.precision_policy_
+    target = net.precision_.report_dtype(dtype)
+    finfo = torch.finfo(target)
+    scaler = net.grad_scaler_
+    scale = float(scaler.get_scale()) if scaler.is_enabled() else 1.0
+    rng = torch.get_rng_state()  # the data loader draws a seed
+    Xi, yi = _first_batch(net, X, y, rng)
+
+    root = module_root(net.module_)
+    named = list(root.named_modules())
+    rows = {n: ModuleReport(n, type(m).__name__, dtype_max=float(finfo.max)) for n, m in named}
+    # values at most half the smallest subnormal round to zero
+    recorders = {n: _Recorder(rows[n], scale, finfo.tiny * finfo.eps / 2) for n, _ in named}
+    with _recording(net, root, named, recorders, rng):
+        with_loss = y is not None or isinstance(X, torch.utils.data.Dataset)
+        _training_pass(net, named, rows, recorders, Xi, yi, with_loss, scale)
+
+    layout = getattr(net, "amp_layout_", None)
+    limit = float(finfo.max) * NEAR_OVERFLOW
+    for n, m in named:
+        _finish_row(rows[n], m, float(finfo.max), limit)
+    recommended = _recommend([rows[n] for n, _ in named], limit,
+                             layout.fp32_modules if layout is not None else ())
     for n in recommended:
         rows[n].recommended = True
     return PrecisionReport(

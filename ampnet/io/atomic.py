@@ -41,15 +41,12 @@ import time
 import uuid
 from typing import Any, Callable, Iterable, Mapping
 
-from ampnet.io.kinds import JOURNAL_MAX_BYTES
 from ampnet.io.lock import DirectoryLock, DirectoryLockedError, directory_locks
-from ampnet.io.numbers import check_values
-from ampnet.io.reading import read_untrusted
-from ampnet.io.structure import brief as describe
-from ampnet.utils.validation import MAX_DEPTH, nesting_depth
+from ampnet.io.untrusted import JOURNAL_MAX_BYTES, is_path, read_untrusted
+from ampnet.io.untrusted import brief as describe
 
 __all__ = [
-    "atomic_write_group", "recover", "is_path", "read_json", "write_key", "TEMP_SUFFIX",
+    "atomic_write_group", "recover", "is_path", "write_key", "TEMP_SUFFIX",
     "JOURNAL_NAME",
 ]
 
@@ -66,46 +63,6 @@ _JOURNAL_KEYS = ("ampnet_journal_version", "moves", "journals")
 _TEMP_NAME = re.compile(r"\.(?P<base>.+)\.[0-9a-f]{12}" + re.escape(TEMP_SUFFIX), re.DOTALL)
 
 Writer = Callable[[str], None]
-
-
-def is_path(target: Any) -> bool:
-    """Whether ``target`` names a file (str or path-like), as opposed to an
-    open file object."""
-    return isinstance(target, (str, os.PathLike))
-
-
-def read_json(target: Any, source: str, what: str, max_bytes: int) -> Any:
-    """Parse JSON from a path (opened as :func:`ampnet.io.reading.open_untrusted`
-    does) or an open file, at most ``max_bytes`` long and nested at most
-    :data:`ampnet.utils.validation.MAX_DEPTH` levels deep.
-
-    Raises
-    ------
-    ValueError
-      ``"{source} is not {what} (...)"`` for content that is not UTF-8 JSON
-      or is nested too deeply, or that holds an int beyond float range
-      (:func:`ampnet.io.numbers.check_values`); see :func:`~ampnet.io.reading.open_untrusted`
-      for links, special files and sizes.
-    """
-    if is_path(target):
-        raw = read_untrusted(target, source, max_bytes)
-    else:
-        raw = target.read(max_bytes + 1)
-        if len(raw) > max_bytes:
-            raise ValueError(f"{source} is larger than {max_bytes} bytes; it is not {what}.")
-    try:
-        data = json.loads(raw)
-    except (ValueError, RecursionError) as exc:  # also UnicodeDecodeError
-        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
-        raise ValueError(f"{source} is not {what} ({reason}).") from exc
-    except TypeError as exc:  # a file object that yields neither str nor bytes
-        raise ValueError(f"{source} is not {what} ({exc}).") from exc
-    if nesting_depth(data) > MAX_DEPTH:
-        raise ValueError(
-            f"{source} is not {what}: its lists and dicts are nested more than "
-            f"{MAX_DEPTH} levels deep, which ampnet never writes."
-        )
-    return check_values(data, source, len(raw))
 
 
 #: What to do about a write error, by errno.
@@ -218,14 +175,10 @@ def _own_name(name: Any) -> bool:
     )
 
 
-def _read_journal(directory: str, path: str) -> list[tuple[str, str]] | None:
-    """The renames of the journal at ``path``, checked; None without one.
-
-    Raises
-    ------
-    ValueError
-      Naming the journal, for anything that ampnet does not write.
-    """
+def _journal_data(path: str) -> dict | None:
+    """The JSON object of the journal at ``path``, a regular file within
+    the size limit, with the keys and the version that ampnet writes; None
+    without one."""
     try:
         info = os.lstat(path)
     except FileNotFoundError:
@@ -255,7 +208,12 @@ def _read_journal(directory: str, path: str) -> list[tuple[str, str]] | None:
         raise _journal_error(
             path, f"ampnet_journal_version is {describe(version)}, expected {_JOURNAL_VERSION}"
         )
-    moves, journals = data["moves"], data["journals"]
+    return data
+
+
+def _journal_moves(path: str, moves: Any, journals: Any) -> list[tuple[str, str]]:
+    """The renames a journal lists: each from an ampnet temporary file of
+    its directory to the file it was written for, no two onto one name."""
     if not isinstance(moves, list) or not isinstance(journals, list):
         raise _journal_error(path, "'moves' and 'journals' must be lists")
     pairs: list[tuple[str, str]] = []
@@ -279,6 +237,12 @@ def _read_journal(directory: str, path: str) -> list[tuple[str, str]] | None:
         raise _journal_error(
             path, f"'journals' may list only {JOURNAL_NAME!r}, got {describe(journals)}"
         )
+    return pairs
+
+
+def _check_moved_files(directory: str, path: str, pairs: list[tuple[str, str]]) -> None:
+    """Refuse a move whose temporary file is a link, or whose temporary
+    file or target is a directory."""
     for temp, final in pairs:
         for name, kind in ((temp, "temporary file"), (final, "target")):
             try:
@@ -289,6 +253,21 @@ def _read_journal(directory: str, path: str) -> list[tuple[str, str]] | None:
                 raise _journal_error(path, f"the {kind} {name!r} is a symbolic link")
             if stat.S_ISDIR(mode):
                 raise _journal_error(path, f"the {kind} {name!r} is a directory")
+
+
+def _read_journal(directory: str, path: str) -> list[tuple[str, str]] | None:
+    """The renames of the journal at ``path``, checked; None without one.
+
+    Raises
+    ------
+    ValueError
+      Naming the journal, for anything that ampnet does not write.
+    """
+    data = _journal_data(path)
+    if data is None:
+        return None
+    pairs = _journal_moves(path, data["moves"], data["journals"])
+    _check_moved_files(directory, path, pairs)
     return pairs
 
 

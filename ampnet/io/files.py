@@ -12,16 +12,16 @@ import torch
 from skorch.callbacks import TrainEndCheckpoint as SkorchTrainEndCheckpoint
 from skorch.history import History
 
-from ampnet.io.atomic import is_path, read_json, recover
-from ampnet.io.kinds import max_bytes
-from ampnet.io.numbers import check_values, finite_number
-from ampnet.io.reading import check_torch_file, open_untrusted, read_error, read_untrusted
-from ampnet.io.structure import brief as describe
+from ampnet.io.atomic import recover
+from ampnet.io.untrusted import (
+    check_torch_file, check_values, is_path, max_bytes, open_untrusted, read_error, read_json, read_untrusted,
+)
+from ampnet.io.untrusted import brief as describe
 from ampnet.utils.validation import (
     all_finite,
     dtype_kind,
+    finite_number,
     is_int,
-    is_number,
     tensor_problem,
 )
 
@@ -65,10 +65,10 @@ def from_tensors(state: Mapping[str, Any]) -> dict[str, Any]:
 def read_state(target: Any, source: str, safetensors: bool, map_location: Any,
                 load_kwargs: dict[str, Any], limit: int) -> Any:
     """Read a torch or safetensors file: a path as
-    :func:`ampnet.io.reading.open_untrusted` opens it (at most ``limit`` bytes;
+    :func:`ampnet.io.untrusted.open_untrusted` opens it (at most ``limit`` bytes;
     a torch file in zip format with uncompressed records, or in the legacy
     format with every declared storage within the file), or an open file.
-    What it holds is checked by :func:`ampnet.io.numbers.check_values`: no
+    What it holds is checked by :func:`ampnet.io.untrusted.check_values`: no
     list inside itself nor more entries than the file has bytes (every
     place of a shared list counted), no int beyond float range, no tensor
     without values (meta, sparse, quantized).
@@ -91,13 +91,13 @@ def read_state(target: Any, source: str, safetensors: bool, map_location: Any,
       Other arguments of ``torch.load`` (``{"weights_only": True}``).
 
     limit : int
-      The largest size read (:func:`ampnet.io.kinds.max_bytes`).
+      The largest size read (:func:`ampnet.io.untrusted.max_bytes`).
 
     Raises
     ------
     ValueError
       Naming ``source``: a file that cannot be read as this kind, or that
-      :mod:`ampnet.io.reading` or :mod:`ampnet.io.numbers` refuses.
+      :mod:`ampnet.io.untrusted` refuses.
 
     OSError
       A file that cannot be opened, naming ``source``.
@@ -133,7 +133,7 @@ def _length(f: Any) -> int | None:
 def read_params_file(path: Any, source: str | None = None, map_location: Any = "cpu") -> Any:
     """Read a parameters file (``params.pt``) with the checks and limits of
     ``load_params``: a regular file in its folder, at most
-    :data:`ampnet.io.kinds.TENSOR_FILE_MAX_BYTES`, torch's zip or legacy
+    :data:`ampnet.io.untrusted.TENSOR_FILE_MAX_BYTES`, torch's zip or legacy
     format within the file's size, ``weights_only=True`` (no code runs), and
     values that can be read as numbers (:func:`read_state`).
 

@@ -45,13 +45,12 @@ import contextlib
 import json
 import os
 import socket
-import stat
 import time
 import uuid
 from typing import Any, Iterator
 
 from ampnet.exceptions import DirectoryLockedError
-from ampnet.io.kinds import LOCK_MAX_BYTES
+from ampnet.io.untrusted import LOCK_MAX_BYTES, read_untrusted
 
 __all__ = [
     "LOCK_NAME", "STALE_AFTER_S", "REFRESH_EVERY_S", "DirectoryLockedError", "DirectoryLock",
@@ -77,12 +76,9 @@ _SCOPES = ("save", "fit")
 def _holder_of(path: str) -> dict[str, Any] | None:
     """The content of a lock file, or None when it cannot be read as one."""
     try:
-        info = os.lstat(path)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > LOCK_MAX_BYTES:
+        if os.path.islink(path):  # ampnet never writes one
             return None
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
-        with os.fdopen(fd, "rb") as f:
-            data = json.loads(f.read(LOCK_MAX_BYTES))
+        data = json.loads(read_untrusted(path, repr(path), LOCK_MAX_BYTES))
     except (OSError, ValueError):
         return None
     if not (isinstance(data, dict) and isinstance(data.get("pid"), int)

@@ -12,11 +12,11 @@ from typing import Any
 
 import torch
 
-from ampnet.io.numbers import finite_number
-from ampnet.io.structure import brief as describe
+from ampnet.io.untrusted import brief as describe
 from ampnet.utils.validation import (
     MAX_DEPTH,
     all_finite,
+    finite_number,
     is_bool,
     is_int,
     is_number,
@@ -25,22 +25,6 @@ from ampnet.utils.validation import (
 )
 
 __all__ = ["check_optimizer_state"]
-
-
-def _plain_problem(value: Any, path: str, depth: int = 0) -> str | None:
-    """Why ``value`` is not a plain setting (a finite number, bool, None,
-    str, or a list of these)."""
-    if value is None or is_bool(value) or isinstance(value, str):
-        return None
-    if is_number(value):
-        return None if finite_number(value) else f"{path} = {describe(value)} is not a finite number"
-    if isinstance(value, (list, tuple)) and depth < MAX_DEPTH:
-        for i, item in enumerate(value):
-            problem = _plain_problem(item, f"{path}[{i}]", depth + 1)
-            if problem:
-                return problem
-        return None
-    return f"{path} = {describe(value)} is not a plain setting"
 
 
 def _state_value_problem(value: Any, param: torch.Tensor, group_numel: int, path: str,
@@ -307,6 +291,76 @@ def _check_groups(optimizer: torch.optim.Optimizer, groups: list, problems: list
     return ids
 
 
+def _check_layout(optimizer: torch.optim.Optimizer, state: Any, source: str, attr: str) -> list:
+    """The parameter groups of ``state``, after its keys, the groups' type
+    and their sizes were found to be those of ``optimizer``'s."""
+    if not (isinstance(state, Mapping) and "state" in state and "param_groups" in state):
+        found = sorted(map(str, state))[:6] if isinstance(state, Mapping) else type(state).__name__
+        raise ValueError(
+            f"{source} is not an optimizer state for net.{attr} (expected the keys "
+            f"'state' and 'param_groups', found {found}). Was another file passed?"
+        )
+    groups = state["param_groups"]
+    if not (
+        isinstance(groups, (list, tuple))
+        and all(isinstance(g, Mapping) and isinstance(g.get("params"), (list, tuple)) for g in groups)
+    ):
+        raise ValueError(
+            f"{source} is not an optimizer state for net.{attr}: 'param_groups' must be a "
+            f"list of dicts with a 'params' list, got {describe(groups)}. Nothing was loaded."
+        )
+    sizes = [len(g["params"]) for g in groups]
+    own_sizes = [len(g["params"]) for g in optimizer.param_groups]
+    if sizes != own_sizes:
+        raise ValueError(
+            f"{source} does not match net.{attr}: parameter groups of sizes {sizes} in the "
+            f"file, {own_sizes} in the net. Nothing was loaded."
+        )
+    return list(groups)
+
+
+def _reference_problem(entry: Mapping, path: str, param: torch.Tensor, numel: int,
+                       reference: dict, cls: str) -> str | None:
+    """The first field of the reference state (what a step of the
+    optimizer's class writes) that ``entry`` lacks or holds in another kind
+    or shape."""
+    scratch_numel = reference.pop("__numel__", 0)
+    for key, ref in reference.items():
+        if key not in entry:
+            return f"{path} lacks {key!r}, which {cls} needs"
+        shape = None
+        if isinstance(ref, torch.Tensor) and ref.dim() > 0:
+            shape = _expected_shape(ref, param, numel, scratch_numel)
+        problem = _kind_problem(ref, entry[key], f"{path}[{key!r}]", shape)
+        if problem:
+            return problem
+    return None
+
+
+def _entry_problem(optimizer: torch.optim.Optimizer, pid: Any, entry: Any, ids: dict,
+                   references: list[list[dict]] | None) -> str | None:
+    """What is wrong with the per-parameter state ``entry`` of id ``pid``:
+    no such parameter, its values, a field its optimizer's class needs
+    (``references``: None when the class's states are unknown), a value out
+    of its range."""
+    path = f"state[{_key(pid)}]"
+    if pid not in ids:
+        return f"{path} belongs to no parameter of param_groups"
+    if not (isinstance(entry, Mapping) and all(isinstance(k, str) for k in entry)):
+        return f"{path} must be a dict with str keys, got {describe(entry)}"
+    param, numel, i, j = ids[pid]
+    cls = type(optimizer).__name__
+    problem = _state_value_problem(dict(entry), param, numel, path)
+    if problem or references is None:
+        return problem
+    problem = _reference_problem(entry, path, param, numel, dict(references[i][j]), cls)
+    for key, value in entry.items():  # torch.optim's own classes
+        if problem:
+            break
+        problem = _range_problem(key, value, f"{path}[{key!r}]", cls)
+    return problem
+
+
 def check_optimizer_state(optimizer: torch.optim.Optimizer, state: Any, source: str,
                            attr: str) -> None:
     """Check an optimizer ``state_dict`` against ``optimizer``: its keys, the
@@ -319,68 +373,23 @@ def check_optimizer_state(optimizer: torch.optim.Optimizer, state: Any, source: 
     ValueError
       Naming ``source`` and the fields in error.
     """
-    if not (isinstance(state, Mapping) and "state" in state and "param_groups" in state):
-        found = sorted(map(str, state))[:6] if isinstance(state, Mapping) else type(state).__name__
-        raise ValueError(
-            f"{source} is not an optimizer state for net.{attr} (expected the keys "
-            f"'state' and 'param_groups', found {found}). Was another file passed?"
-        )
-    groups, own = state["param_groups"], optimizer.param_groups
-    if not (
-        isinstance(groups, (list, tuple))
-        and all(isinstance(g, Mapping) and isinstance(g.get("params"), (list, tuple)) for g in groups)
-    ):
-        raise ValueError(
-            f"{source} is not an optimizer state for net.{attr}: 'param_groups' must be a "
-            f"list of dicts with a 'params' list, got {describe(groups)}. Nothing was loaded."
-        )
-    sizes = [len(g["params"]) for g in groups]
-    own_sizes = [len(g["params"]) for g in own]
-    if sizes != own_sizes:
-        raise ValueError(
-            f"{source} does not match net.{attr}: parameter groups of sizes {sizes} in the "
-            f"file, {own_sizes} in the net. Nothing was loaded."
-        )
+    groups = _check_layout(optimizer, state, source, attr)
     problems: list[str] = []
     unknown = sorted(map(str, set(state) - set(optimizer.state_dict())))
     if unknown:
         problems.append(f"unknown keys {unknown[:6]}")
-    ids = _check_groups(optimizer, list(groups), problems)
+    ids = _check_groups(optimizer, groups, problems)
     entries = state["state"]
     if not isinstance(entries, Mapping):
         problems.append(f"'state' must be a dict, got {describe(entries)}")
         entries = {}
     references = _reference_states(optimizer) if not problems else None
     for pid, entry in entries.items():
-        if pid not in ids:
-            problems.append(f"state[{_key(pid)}] belongs to no parameter of param_groups")
-        elif not (isinstance(entry, Mapping) and all(isinstance(k, str) for k in entry)):
-            problems.append(f"state[{_key(pid)}] must be a dict with str keys, got {describe(entry)}")
-        else:
-            param, numel, i, j = ids[pid]
-            problem = _state_value_problem(dict(entry), param, numel, f"state[{_key(pid)}]")
-            reference = dict(references[i][j]) if references is not None else {}
-            scratch_numel = reference.pop("__numel__", 0)
-            for key, ref in reference.items():
-                if problem:
-                    break
-                if key not in entry:
-                    problem = f"state[{_key(pid)}] lacks {key!r}, which {type(optimizer).__name__} needs"
-                else:
-                    shape = None
-                    if isinstance(ref, torch.Tensor) and ref.dim() > 0:
-                        shape = _expected_shape(ref, param, numel, scratch_numel)
-                    problem = _kind_problem(ref, entry[key], f"state[{_key(pid)}][{key!r}]", shape)
-            if not problem and references is not None:  # torch.optim's own classes
-                for key, value in entry.items():
-                    problem = _range_problem(key, value, f"state[{_key(pid)}][{key!r}]",
-                                             type(optimizer).__name__)
-                    if problem:
-                        break
-            if problem:
-                problems.append(problem)
+        problem = _entry_problem(optimizer, pid, entry, ids, references)
+        if problem:
+            problems.append(problem)
     if not problems and references is not None:
-        problem = _saved_settings_problem(optimizer, list(groups), entries, ids, references)
+        problem = _saved_settings_problem(optimizer, groups, entries, ids, references)
         if problem:
             problems.append(problem)
     if problems:

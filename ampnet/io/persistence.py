@@ -34,6 +34,7 @@ import contextlib
 import os
 import pickle
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any, Callable
 
 import torch
@@ -57,7 +58,7 @@ from ampnet.io.files import (
     text_writer,
     state_writer,
 )
-from ampnet.io.kinds import KINDS, OPTIONAL_FILES, max_bytes
+from ampnet.io.untrusted import KINDS, OPTIONAL_FILES, max_bytes
 from ampnet.io.optimizer_state import check_optimizer_state
 from ampnet.io.rng import get_rng_state, prepare_rng_state
 from ampnet.io.rollback import Step, apply_all
@@ -75,6 +76,10 @@ __all__ = ["PersistenceMixin", "checkpoint_files", "resolve_checkpoint"]
 
 #: Entries of a scaler state that are state, not settings.
 _SCALER_TRACKERS = ("scale", "_growth_tracker", "_overflow_streak", "ampnet_scaler_version")
+
+#: How the files that hold no module state are read (a net's own
+#: ``torch_load_kwargs`` apply to the module, optimizer and criterion files).
+_SAFE = MappingProxyType({"weights_only": True})
 
 _MSG_INIT = (
     "Cannot {verb} state of an un-initialized model. Please initialize first by "
@@ -428,51 +433,27 @@ class PersistenceMixin:
         modules: list[Step] = []
         late: list[Step] = []
         rng: list[Step] = []
+        choices: list[Step] = []
         device = self.device
-        load_kwargs = self.torch_load_kwargs or {"weights_only": True}
         map_location = None
         if any(k not in ("f_history", "f_rng_state", "f_grad_scaler") for k in files):
             map_location = get_map_location(self.device)
             device = self._check_device(self.device, map_location)
-        safe = {"weights_only": True}
-        choices: list[Step] = []
         for key, target in files.items():
             source = describe_target(key, target)
             if key == "f_history":
                 rows = read_history(target, source)
                 late.append(Step(source, lambda rows=rows: setattr(self, "history", History(rows))))
             elif key == "f_rng_state":
-                state = read_state(target, source, safetensors, "cpu", safe, max_bytes(key))
+                state = read_state(target, source, safetensors, "cpu", _SAFE, max_bytes(key))
                 rng.append(Step(source, prepare_rng_state(state, source).apply))
             elif key == "f_lr_schedulers":
                 data = read_lr_scheduler_states(target, source)
                 late.append(self._plan_schedulers(data, source))
             else:
-                attr = attr_of(key)
-                if not self.initialized_:
-                    self.check_is_fitted([attr], msg=_MSG_INIT.format(verb="load"))
-                obj = self._get_module(attr, msg=_MSG_MODULE.format(verb="load"))
-                if key == "f_grad_scaler":
-                    state = read_state(target, source, safetensors, "cpu", safe, max_bytes(key))
-                    if safetensors:
-                        state = from_tensors(state)
-                    modules.append(self._plan_grad_scaler(state, source))
-                    continue
-                state = read_state(
-                    target, source, safetensors, map_location, load_kwargs, max_bytes(key)
-                )
-                if isinstance(obj, torch.nn.Module):
-                    check_module_state(obj, state, source, attr)
-                    if attr == "module_":
-                        choices = plan_choices(self, state, source)
-                    stale = self._stale_compensation(attr, files)
-                    if stale:
-                        modules.append(self._plan_module_without_compensation(obj, state, source, stale))
-                        continue
-                elif isinstance(obj, torch.optim.Optimizer):
-                    state = keep_kernels(obj, state)  # the net's fused/foreach, not the file's
-                    check_optimizer_state(obj, state, source, attr)
-                modules.append(Step(source, lambda obj=obj, state=state: obj.load_state_dict(state)))
+                step, found = self._read_component(key, target, source, files, safetensors, map_location)
+                modules.append(step)
+                choices = choices if found is None else found
 
         late.extend(choices)  # after the module and optimizer states: they carry over
 
@@ -483,6 +464,33 @@ class PersistenceMixin:
         device_step = Step("the device", set_device)
         # the RNG last: nothing after it may draw random numbers
         return [device_step, *modules, *late, *rng]
+
+    def _read_component(self, key: str, target: Any, source: str, files: dict[str, Any],
+                        safetensors: bool, map_location: Any) -> tuple[Step, list[Step] | None]:
+        """Read and check the state of a module, an optimizer or the grad
+        scaler: (the step that loads it, the steps of the module's saved
+        'auto' choices; None for anything but the module)."""
+        attr = attr_of(key)
+        if not self.initialized_:
+            self.check_is_fitted([attr], msg=_MSG_INIT.format(verb="load"))
+        obj = self._get_module(attr, msg=_MSG_MODULE.format(verb="load"))
+        if key == "f_grad_scaler":
+            state = read_state(target, source, safetensors, "cpu", _SAFE, max_bytes(key))
+            return self._plan_grad_scaler(from_tensors(state) if safetensors else state, source), None
+        load_kwargs = self.torch_load_kwargs or _SAFE
+        state = read_state(target, source, safetensors, map_location, load_kwargs, max_bytes(key))
+        choices = None
+        if isinstance(obj, torch.nn.Module):
+            check_module_state(obj, state, source, attr)
+            if attr == "module_":
+                choices = plan_choices(self, state, source)
+            stale = self._stale_compensation(attr, files)
+            if stale:
+                return self._plan_module_without_compensation(obj, state, source, stale), choices
+        elif isinstance(obj, torch.optim.Optimizer):
+            state = keep_kernels(obj, state)  # the net's fused/foreach, not the file's
+            check_optimizer_state(obj, state, source, attr)
+        return Step(source, lambda: obj.load_state_dict(state)), choices
 
     def _stale_compensation(self, attr: str, files: dict[str, Any]) -> list:
         """Optimizers whose compensation buffers a load of ``attr`` alone

@@ -14,7 +14,7 @@ import random
 import re
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -22,7 +22,7 @@ import torch
 from ampnet.exceptions import amp_warn
 
 __all__ = [
-    "get_rng_state", "set_rng_state", "validate_rng_state", "prepare_rng_state",
+    "get_rng_state", "set_rng_state", "prepare_rng_state",
     "PreparedRngState",
 ]
 
@@ -157,7 +157,7 @@ def _check_tensor(key: str, value: Any, dtype: torch.dtype, shape: tuple[int, ..
 
 
 def _numpy_problems(state: dict, problems: list[str]) -> tuple | None:
-    keys, ok = state["numpy.keys"], True
+    keys = state["numpy.keys"]
     found = _mt_problems("numpy.keys", keys)
     pos = int(state["numpy.pos"])
     if not 0 <= pos <= _MT_WORDS:
@@ -178,8 +178,8 @@ def _numpy_problems(state: dict, problems: list[str]) -> tuple | None:
         np.random.RandomState().set_state(numpy_state)  # a scratch generator
     except (ValueError, TypeError) as exc:  # pragma: no cover - the checks above are numpy's
         problems.append(f"numpy refuses the state ({exc})")
-        ok = False
-    return numpy_state if ok else None
+        return None
+    return numpy_state
 
 
 def _python_problems(state: dict, problems: list[str]) -> tuple | None:
@@ -305,18 +305,6 @@ def prepare_rng_state(state: Any, source: str = "the RNG state") -> PreparedRngS
             + ". No generator was changed."
         )
     return PreparedRngState(torch_state, numpy_state, python_state, tuple(cuda_states), source)
-
-
-def validate_rng_state(state: Any, source: str = "the RNG state") -> None:
-    """Check an RNG state before any generator is changed (see
-    :func:`prepare_rng_state`).
-
-    Raises
-    ------
-    ValueError
-      Naming ``source`` and each field in error.
-    """
-    prepare_rng_state(state, source)
 
 
 def set_rng_state(state: dict[str, torch.Tensor], source: str = "the RNG state") -> None:

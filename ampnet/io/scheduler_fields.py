@@ -25,9 +25,8 @@ from typing import Any, Callable
 
 import torch
 
-from ampnet.io.numbers import as_float, finite_number
-from ampnet.io.structure import brief as describe
-from ampnet.utils.validation import is_bool, is_int, is_number
+from ampnet.io.untrusted import brief as describe
+from ampnet.utils.validation import as_float, finite_number, is_bool, is_int, is_number
 
 __all__ = ["is_stock", "decode_state", "field_problems", "trial_problem", "RULES", "TRIAL_STEPS"]
 

@@ -19,8 +19,7 @@ from typing import Any, Callable
 import torch
 from skorch.callbacks import LRScheduler
 
-from ampnet.io.atomic import read_json
-from ampnet.io.kinds import max_bytes
+from ampnet.io.untrusted import max_bytes, read_json
 from ampnet.io.scheduler_fields import decode_state, field_problems, is_stock, trial_problem
 from ampnet.utils.validation import is_bool, type_mismatch
 

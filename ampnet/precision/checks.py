@@ -6,7 +6,7 @@ from typing import Iterable
 
 import torch
 
-__all__ = ["check_and_unscale_", "nonfinite_grads", "grads_are_finite", "grads_by_device_dtype", "unscale_flag"]
+__all__ = ["check_and_unscale_", "nonfinite_grads", "grads_by_device_dtype", "unscale_flag"]
 
 #: Up to this many gradient values per device and dtype, one fused kernel
 #: checks them (fewest dispatches); above, one sum per tensor (read-only,
@@ -61,6 +61,13 @@ def _fused_check_pays(device: torch.device, grads: list[torch.Tensor]) -> bool:
     return numel <= _FUSED_CHECK_MAX_NUMEL
 
 
+def _total(flags: list[torch.Tensor], device: torch.device | None) -> torch.Tensor:
+    """The sum of the per-group ``flags`` (a zero on ``device`` for none)."""
+    if not flags:
+        return torch.zeros((), dtype=torch.float32, device=device)
+    return torch.stack(flags).sum() if len(flags) > 1 else flags[0]
+
+
 def grads_by_device_dtype(
     params: Iterable[torch.Tensor], coalesce: tuple[torch.dtype, ...] | None = None,
 ) -> dict[tuple[torch.device, torch.dtype], list[torch.Tensor]]:
@@ -100,14 +107,7 @@ def nonfinite_grads(params: Iterable[torch.Tensor], device: torch.device | None 
             sums = torch.stack([g.sum(dtype=torch.float32) for g in grads])
             found = (~sums.isfinite()).any().to(torch.float32)
         flags.append(found if device is None else found.to(device, non_blocking=True))
-    if not flags:
-        return torch.zeros((), dtype=torch.float32, device=device)
-    return torch.stack(flags).sum() if len(flags) > 1 else flags[0]
-
-
-def grads_are_finite(params: Iterable[torch.Tensor]) -> bool:
-    """Whether every gradient of ``params`` is finite (reads the device once)."""
-    return not bool(nonfinite_grads(params).item())
+    return _total(flags, device)
 
 
 def unscale_flag(params: Iterable[torch.Tensor], device: torch.device) -> torch.Tensor:
@@ -129,6 +129,4 @@ def unscale_flag(params: Iterable[torch.Tensor], device: torch.device) -> torch.
             found = torch.zeros((), dtype=torch.float32, device=dev)
             check_and_unscale_(grads, found, torch.ones((), dtype=torch.float32, device=dev), write=False)
             flags.append(found.to(device, non_blocking=True))
-    if not flags:
-        return torch.zeros((), dtype=torch.float32, device=device)
-    return torch.stack(flags).sum() if len(flags) > 1 else flags[0]
+    return _total(flags, device)

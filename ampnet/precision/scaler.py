@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from ampnet.precision.scaler_state import ONLY_IN_0_3, SETTING_NAMES, as_float, cast_setting, own_state, state_of_0_3
+from ampnet.precision.scaler_state import ONLY_IN_0_3, as_float, cast_setting, own_state, state_of_0_3
 from ampnet.precision.unscale import unscale_in_place
 from ampnet.precision.scaler_checks import (  # noqa: F401  (re-exported)
     FLOAT32_MAX,

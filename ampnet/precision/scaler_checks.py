@@ -5,13 +5,15 @@ is built or a state is loaded."""
 from __future__ import annotations
 
 import math
-from numbers import Integral, Real
+from numbers import Integral
 from typing import Any
 
 import torch
 
 from ampnet.precision.scaler_state import cast_setting
-from ampnet.utils.validation import describe, exception_text, is_bool
+from ampnet.utils.validation import describe, exception_text, is_bool, tensor_problem
+from ampnet.utils.validation import is_int as _is_int
+from ampnet.utils.validation import is_number as _is_number
 
 __all__ = ["validate_scaler_settings", "validate_scaler_state", "STATE_VERSION", "FLOAT32_TINY", "FLOAT32_MAX"]
 
@@ -26,14 +28,6 @@ _RANGE = f"[{FLOAT32_TINY:.8g}, {FLOAT32_MAX:.8g}]"
 
 #: Step counters live in int32 tensors.
 _INT32_MAX = 2**31 - 1
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, Real) and not is_bool(value)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, Integral) and not is_bool(value)
 
 
 def _finite(value: Any) -> bool:
@@ -93,6 +87,40 @@ _CHECKED = ("init_scale", "min_scale", "max_scale", "growth_factor", "backoff_fa
             "hysteresis", "enabled", "dynamic")
 
 
+def _value_rule(name: str, value: Any) -> tuple[str | None, Any]:
+    """(why ``value`` cannot be setting ``name`` or None, the plain Python
+    value the scaler keeps): checked as given, then as converted. Never
+    raises for a hostile value (one whose comparisons or conversions
+    raise): that is a rule too."""
+    try:
+        rule = _rule(name, value)
+        if rule is not None:
+            return rule, None
+        converted = cast_setting(name, value)
+        rule = _rule(name, converted)  # the value the scaler keeps
+        if rule is not None:
+            return f"is {converted!r} as the scaler keeps it, which {rule}", None
+        return None, converted
+    except Exception as exc:  # noqa: BLE001 - raised by the value's own methods
+        return (f"could not be read as a number (it raised {exception_text(exc)}); pass a plain "
+                "Python or numpy number"), None
+
+
+def _bounds_rule(plain: dict[str, Any], p: str) -> tuple[str, str] | None:
+    """(the setting, why) where the plain values of ``min_scale``,
+    ``max_scale`` and ``init_scale`` do not fit together (``p`` put in front
+    of the names in the rule); None when they do."""
+    if "min_scale" not in plain or "max_scale" not in plain:
+        return None
+    lo, hi = plain["min_scale"], plain["max_scale"]
+    if lo > hi:
+        return "min_scale", f"must not exceed {p}max_scale={hi!r}"
+    if "init_scale" in plain and not lo <= plain["init_scale"] <= hi:
+        return "init_scale", (f"must lie within [{p}min_scale, {p}max_scale] = [{lo!r}, {hi!r}]; "
+                              "change init_scale or widen the bounds")
+    return None
+
+
 def _setting_problems(settings: dict[str, Any], prefix: str, quoted: bool = False) -> list[str]:
     """One line per bad setting: ``{prefix}{name}={value} ({type}): {rule}``
     (``'{name}' = ...`` when ``quoted``, for the fields of a state).
@@ -100,45 +128,25 @@ def _setting_problems(settings: dict[str, Any], prefix: str, quoted: bool = Fals
     A value is checked as given and as the plain Python type the scaler
     keeps (``float(value)``, ``int(value)``): a number whose conversion
     raises, or gives a value out of range, is refused here rather than
-    when the scaler takes it. Never raises for a hostile value (one whose
-    comparisons or conversions raise): that is a problem line too.
+    when the scaler takes it (:func:`_value_rule`); then the bounds
+    together (:func:`_bounds_rule`).
     """
-    problems = []
+    rules: list[tuple[str, str]] = []
     plain: dict[str, Any] = {}
-
-    def bad(name: str, rule: str) -> None:
-        label = f"'{name}' = " if quoted else f"{prefix}{name}="
-        problems.append(f"{label}{describe(settings[name])}: {rule}")
-
     for name in _CHECKED:
-        if name not in settings:
-            continue
-        value = settings[name]
-        try:
-            rule = _rule(name, value)
+        if name in settings:
+            rule, converted = _value_rule(name, settings[name])
             if rule is None:
-                converted = cast_setting(name, value)
-                rule = _rule(name, converted)  # the value the scaler keeps
-                if rule is not None:
-                    rule = f"is {converted!r} as the scaler keeps it, which {rule}"
                 plain[name] = converted
-        except Exception as exc:  # noqa: BLE001 - raised by the value's own methods
-            rule = (f"could not be read as a number (it raised {exception_text(exc)}); pass a plain "
-                    "Python or numpy number")
-        if rule is not None:
-            bad(name, rule)
-    if not problems and "min_scale" in plain and "max_scale" in plain:
-        lo, hi = plain["min_scale"], plain["max_scale"]
-        p = "" if quoted else prefix
-        if lo > hi:
-            bad("min_scale", f"must not exceed {p}max_scale={hi!r}")
-        elif "init_scale" in plain and not lo <= plain["init_scale"] <= hi:
-            bad(
-                "init_scale",
-                f"must lie within [{p}min_scale, {p}max_scale] = [{lo!r}, {hi!r}]; "
-                "change init_scale or widen the bounds",
-            )
-    return problems
+            else:
+                rules.append((name, rule))
+    if not rules:
+        found = _bounds_rule(plain, "" if quoted else prefix)
+        rules += [found] if found else []
+    return [
+        (f"'{name}' = " if quoted else f"{prefix}{name}=") + f"{describe(settings[name])}: {rule}"
+        for name, rule in rules
+    ]
 
 
 def validate_scaler_settings(prefix: str = "grad_scaler__", **settings: Any) -> None:
@@ -177,18 +185,9 @@ _SETTINGS_IN_STATE = (
 )
 
 
-def validate_scaler_state(state: Any, source: str = "the state dict") -> None:
-    """Check a scaler ``state_dict`` field by field before anything is
-    loaded from it.
-
-    Raises
-    ------
-    ValueError
-      Naming ``source`` and the field: not a dict, saved from a disabled
-      scaler, missing keys (a foreign file), a scale that is NaN, zero,
-      negative, infinite or outside float32's range, a setting or tracker of
-      the wrong type or out of range, or a newer format version.
-    """
+def _check_is_scaler_state(state: Any, source: str) -> None:
+    """Refuse what is no enabled scaler's state: not a dict, an empty one
+    (a disabled scaler's), or one without the keys every state has."""
     if not isinstance(state, dict):
         raise ValueError(
             f"{source} does not hold a loss-scaler state: expected a dict, got "
@@ -212,12 +211,14 @@ def validate_scaler_state(state: Any, source: str = "the state dict") -> None:
             f"{sorted(map(str, state))[:8]}). Was another file (parameters, optimizer) "
             "passed as f_grad_scaler?"
         )
+
+
+def _read_scale(state: dict, source: str) -> Any:
+    """The saved loss scale as a number (a one-element tensor read), after
+    it was found to be finite and > 0."""
     scale = state["scale"]
     if isinstance(scale, torch.Tensor):
-        readable = (
-            scale.numel() == 1 and not scale.is_complex() and scale.layout == torch.strided
-            and scale.device.type != "meta" and not scale.is_quantized
-        )
+        readable = scale.numel() == 1 and not scale.is_complex() and tensor_problem(scale) is None
         scale = scale.item() if readable else float("nan")
     if not (_finite(scale) and scale > 0):
         raise ValueError(
@@ -226,6 +227,36 @@ def validate_scaler_state(state: Any, source: str = "the state dict") -> None:
             "into the weights), a float or a one-element tensor with a value. Nothing was "
             "loaded. Fix: pass the file that save_params wrote, or f_grad_scaler=None."
         )
+    return scale
+
+
+def _version_problem(state: dict) -> str | None:
+    """Why the state's format version cannot be read here, or None."""
+    if "ampnet_scaler_version" not in state:
+        return None
+    version = state["ampnet_scaler_version"]
+    if not (_is_int(version) and version >= 1):
+        return f"'ampnet_scaler_version' = {describe(version)} must be an int >= 1"
+    if version > STATE_VERSION:
+        return (f"format version {version} is newer than this ampnet reads "
+                f"({STATE_VERSION}); upgrade ampnet")
+    return None
+
+
+def validate_scaler_state(state: Any, source: str = "the state dict") -> None:
+    """Check a scaler ``state_dict`` field by field before anything is
+    loaded from it.
+
+    Raises
+    ------
+    ValueError
+      Naming ``source`` and the field: not a dict, saved from a disabled
+      scaler, missing keys (a foreign file), a scale that is NaN, zero,
+      negative, infinite or outside float32's range, a setting or tracker of
+      the wrong type or out of range, or a newer format version.
+    """
+    _check_is_scaler_state(state, source)
+    scale = _read_scale(state, source)
     problems = []
     if not _in_float32_range(scale):
         problems.append(
@@ -240,19 +271,11 @@ def validate_scaler_state(state: Any, source: str = "the state dict") -> None:
     for key, rule in _TRACKERS.items():
         if key in state and not (_is_int(state[key]) and 0 <= state[key] <= _INT32_MAX):
             problems.append(f"'{key}' = {describe(state[key])} must be {rule}")
-    if "ampnet_scaler_version" in state:
-        version = state["ampnet_scaler_version"]
-        if not (_is_int(version) and version >= 1):
-            problems.append(f"'ampnet_scaler_version' = {describe(version)} must be an int >= 1")
-        elif version > STATE_VERSION:
-            problems.append(
-                f"format version {version} is newer than this ampnet reads "
-                f"({STATE_VERSION}); upgrade ampnet"
-            )
+    version = _version_problem(state)
+    if version:
+        problems.append(version)
     if problems:
         raise ValueError(
             f"{source} holds an invalid loss-scaler state: " + "; ".join(problems)
             + ". Nothing was loaded."
         )
-
-

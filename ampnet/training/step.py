@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
-from numbers import Integral
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -25,7 +24,6 @@ from skorch.utils import TeeGenerator
 
 from ampnet.utils.tree import has_nonfinite, nonfinite_flag
 from ampnet.exceptions import AmpDivergenceError, AmpStateError, amp_warn
-from ampnet.utils.validation import describe
 
 __all__ = [
     "StepState",

@@ -17,7 +17,8 @@ import numpy as np
 import torch
 
 __all__ = [
-    "is_bool", "is_int", "is_number", "as_float", "finite_number", "close_names", "describe", "exception_text",
+    "is_bool", "is_int", "is_number", "as_float", "finite_number", "close_names", "describe", "type_name",
+    "exception_text",
     "type_mismatch",
     "nesting_depth", "dtype_kind", "tensor_problem", "all_finite", "MAX_DEPTH",
 ]
@@ -63,14 +64,14 @@ def describe(value: Any, limit: int = 80) -> str:
     digit limit for ``str`` by its size.
     """
     cls = type(value)
-    name = _type_name(cls)
+    name = type_name(cls)
     try:
         text = repr(value)
     except Exception as exc:  # an int beyond the digit limit (ValueError), a hostile __repr__
         if isinstance(value, int) and isinstance(exc, ValueError):
             text = f"<an int of {int.bit_length(value)} bits>"
         else:
-            text = f"<a {name} whose repr raised {_type_name(type(exc))}>"
+            text = f"<a {name} whose repr raised {type_name(type(exc))}>"
     if not isinstance(text, str) or type(text) is not str:  # a str subclass may be hostile too
         text = str.__str__(text) if isinstance(text, str) else "<no repr>"
     if len(text) > limit:
@@ -78,7 +79,7 @@ def describe(value: Any, limit: int = 80) -> str:
     return f"{text} ({name})"
 
 
-def _type_name(cls: type) -> str:
+def type_name(cls: type) -> str:
     """``cls``'s name, qualified by its package where a builtin has the
     same name; never raises (a class may define odd ``__module__`` or
     ``__name__`` attributes)."""
@@ -96,7 +97,7 @@ def exception_text(exc: BaseException, limit: int = 120) -> str:
     """``'RuntimeError: boom'`` for an exception, bounded to ``limit``
     characters; never raises (an exception raised by a hostile value may
     have a hostile ``__str__``)."""
-    name = _type_name(type(exc))
+    name = type_name(type(exc))
     try:
         text = str(exc)
         if type(text) is not str:

@@ -153,7 +153,7 @@ def test_the_history_and_scheduler_files_cannot_share_and_load_or_refuse_quickly
 
 def test_the_limit_is_one_entry_per_byte_of_the_file():
     """What the walks may visit: at least MIN_ENTRIES, else the file's size."""
-    from ampnet.io.structure import MIN_ENTRIES, structure_problem
+    from ampnet.io.untrusted.values import MIN_ENTRIES, structure_problem
 
     assert structure_problem(laughs(depth=14), MIN_ENTRIES) is None  # 3 * 2**14 - 1 places
     field, problem = structure_problem(laughs(depth=15), MIN_ENTRIES)
@@ -165,7 +165,7 @@ def test_the_limit_is_one_entry_per_byte_of_the_file():
 
 
 def test_brief_shows_the_first_entries_of_any_structure():
-    from ampnet.io.structure import brief
+    from ampnet.io.untrusted.values import brief
 
     started = time.perf_counter()
     text = brief(laughs())

@@ -17,7 +17,7 @@ import torch
 from ampnet import AmpNetClassifier, GradScaler
 from ampnet.exceptions import AmpWarning
 from ampnet.io.rng import get_rng_state
-from ampnet.precision.scaler import FLOAT32_MAX, FLOAT32_TINY
+from ampnet.precision.scaler_checks import FLOAT32_MAX, FLOAT32_TINY
 from checkpoint_helpers import (  # noqa: F401  (fixtures)
     tiny_net,
     quietly,

@@ -1,14 +1,15 @@
-"""The shape of what a file holds, measured before anything walks it.
+"""What a file held, checked before anything else reads it: its shape
+(:func:`check_structure`), then its numbers (:func:`check_values`).
 
-A pickle (and so a torch file) can hold the same list, tuple or dict in
-many places: each place costs two bytes (a memo reference), yet a walk that
-visits every place visits it again. Nested ``k`` levels deep, a list that
-holds its inner list twice has ``2**k`` paths, so a file of a few KB can
-make any check that walks it (or a ``repr`` of it) run for ever; a list can
-also hold itself. :func:`check_structure` counts the places of a structure
-the way a walk would reach them, without walking them (each distinct list,
-tuple and dict is visited once, from the counts of its entries), and
-refuses:
+**Shape.** A pickle (and so a torch file) can hold the same list, tuple or
+dict in many places: each place costs two bytes (a memo reference), yet a
+walk that visits every place visits it again. Nested ``k`` levels deep, a
+list that holds its inner list twice has ``2**k`` paths, so a file of a few
+KB can make any check that walks it (or a ``repr`` of it) run for ever; a
+list can also hold itself. :func:`structure_problem` counts the places of a
+structure the way a walk would reach them, without walking them (each
+distinct list, tuple and dict is visited once, from the counts of its
+entries), and :func:`check_structure` refuses:
 
 - a list, tuple or dict that holds itself (directly or deeper);
 - more entries, every place counted, than the file has bytes (at least
@@ -19,15 +20,31 @@ refuses:
 Every later check then walks at most one entry per byte of the file.
 :func:`brief` is the bounded ``describe`` of the io package: it shows the
 first entries of a structure, never its whole ``repr``.
+
+**Numbers.** Python ints have no size limit, so a JSON or pickle file can
+hold ``10**400``; ``float()``, ``math.isfinite`` and string formatting of
+such an int raise ``OverflowError``. A pickle can also hold tensors without
+values (``torch.empty((), device="meta")``), whose ``item()`` raises
+``RuntimeError``. :func:`unusable_value` finds the first such value, so that
+:func:`ampnet.io.files.read_state` and :func:`ampnet.io.untrusted.opening.read_json`
+refuse the file with its name and the field before any field check reads
+it; the field checks use the overflow-safe tests of
+:mod:`ampnet.utils.validation` (``as_float``, ``finite_number``).
 """
 
 from __future__ import annotations
 
-import builtins
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["MIN_ENTRIES", "structure_problem", "check_structure", "brief", "refusal"]
+import torch
+
+from ampnet.utils.validation import MAX_DEPTH, as_float, is_number, tensor_problem, type_name
+
+__all__ = [
+    "MIN_ENTRIES", "structure_problem", "check_structure", "brief", "refusal", "unusable_value",
+    "check_values",
+]
 
 #: The fewest entries a structure may hold, whatever the file's size.
 MIN_ENTRIES = 1 << 16
@@ -170,27 +187,19 @@ def check_structure(data: Any, source: str, size: int | None) -> Any:
     return data
 
 
-def _name(value: Any) -> str:
-    cls = type(value)
-    name = cls.__name__
-    if cls.__module__ != "builtins" and hasattr(builtins, name):
-        name = f"{cls.__module__.split('.')[0]}.{name}"
-    return name
-
-
 #: A structure of at most this many entries (every place counted) is shown
 #: by its own ``repr``.
 _SMALL = 64
 
 
-class _Repr:
-    """Shows ``value`` by its own ``repr`` (in :func:`_text`)."""
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-    def __repr__(self) -> str:
-        return repr(self.value)
+def _repr(value: Any) -> str:
+    """``repr(value)``; never raises."""
+    try:
+        return repr(value)
+    except ValueError:  # an int beyond Python's digit limit for str
+        return f"<an int of {value.bit_length()} bits>" if isinstance(value, int) else "<no repr>"
+    except Exception:  # a hostile object's repr
+        return "<no repr>"
 
 
 def _text(value: Any, room: int) -> str:
@@ -200,43 +209,28 @@ def _text(value: Any, room: int) -> str:
         return ""
     if isinstance(value, (str, bytes, bytearray)):
         return repr(value[:room])[: room + 1]
-    if isinstance(value, _CONTAINERS):
-        if structure_problem(value, _SMALL) is None:  # its own repr, which is short
-            return _text(_Repr(value), room)
+    if not isinstance(value, _CONTAINERS) or structure_problem(value, _SMALL) is None:
+        return _repr(value)[: room + 1]  # a small structure: its own repr, which is short
+    ends = "[]" if isinstance(value, list) else "()" if isinstance(value, tuple) else "{}"
+    parts, used = [ends[0]], 1
+    items = value.items() if isinstance(value, Mapping) else value
+    for n, entry in enumerate(items):
+        if used >= room:
+            parts.append("...")
+            break
+        if n:
+            parts.append(", ")
+            used += 2
         if isinstance(value, Mapping):
-            ends = ("{", "}")
-        elif isinstance(value, list):
-            ends = ("[", "]")
-        elif isinstance(value, tuple):
-            ends = ("(", ")")
+            key, entry = entry
+            text = _text(key, room - used) + ": "
+            text += _text(entry, room - used - len(text))
         else:
-            ends = ("{", "}")
-        parts, used = [ends[0]], 1
-        items = value.items() if isinstance(value, Mapping) else value
-        for n, entry in enumerate(items):
-            if used >= room:
-                parts.append("...")
-                break
-            if n:
-                parts.append(", ")
-                used += 2
-            if isinstance(value, Mapping):
-                key, entry = entry
-                text = _text(key, room - used) + ": "
-                text += _text(entry, room - used - len(text))
-            else:
-                text = _text(entry, room - used)
-            parts.append(text)
-            used += len(text)
-        parts.append(ends[1])
-        return "".join(parts)
-    try:
-        text = repr(value)
-    except ValueError:  # an int beyond Python's digit limit for str
-        text = f"<an int of {value.bit_length()} bits>" if isinstance(value, int) else "<no repr>"
-    except Exception:  # a hostile object's repr
-        text = "<no repr>"
-    return text[: room + 1]
+            text = _text(entry, room - used)
+        parts.append(text)
+        used += len(text)
+    parts.append(ends[1])
+    return "".join(parts)
 
 
 def brief(value: Any, width: int = 80, typed: bool = True) -> str:
@@ -259,4 +253,97 @@ def brief(value: Any, width: int = 80, typed: bool = True) -> str:
     text = _text(value, width + 1)
     if len(text) > width:
         text = text[: width - 3] + "..."
-    return f"{text} ({_name(value)})" if typed else text
+    return f"{text} ({type_name(type(value))})" if typed else text
+
+
+# ---- numbers: every value usable as a number or a tensor ----------------------
+
+
+def _value_problem(value: Any) -> str | None:
+    if is_number(value) and as_float(value) is None:
+        return (
+            f"holds the number {brief(value)}, beyond the range of a float "
+            "(about 1.8e308)"
+        )
+    if isinstance(value, torch.Tensor):
+        problem = tensor_problem(value)
+        if problem:
+            return f"is {problem}"
+    return None
+
+
+def _number_children(item: Any, top: bool) -> list[tuple[str, Any]]:
+    """The entries that :func:`unusable_value` walks: as :func:`_children`,
+    but sets left out, keys shown by their ``repr`` and of a dict's own
+    attributes only a ``state_dict``'s ``_metadata`` (the fields that
+    refusals have always named)."""
+    if isinstance(item, Mapping):
+        children = [
+            (key if top and isinstance(key, str) else f"[{key!r}]", child)
+            for key, child in item.items()
+        ]
+        metadata = getattr(item, "_metadata", None)  # a module state_dict's
+        if isinstance(metadata, Mapping):
+            children.append(("._metadata", metadata))
+        return children
+    if isinstance(item, (list, tuple)):
+        return [(f"[{i}]", child) for i, child in enumerate(item)]
+    return []
+
+
+def unusable_value(data: Any, limit: int = MAX_DEPTH) -> tuple[str, str] | None:
+    """The first value in ``data`` (dicts, lists and tuples, walked without
+    recursion to ``limit`` levels) that no number check can read: an int
+    beyond float64's range, or a tensor without loadable values (meta,
+    sparse, quantized).
+
+    Returns
+    -------
+    (field, problem) or None
+      ``field`` as a path: a top-level key as it is, deeper ones indexed
+      (``"state[0]['step']"``; ``""`` for ``data`` itself); ``problem``
+      says what it holds.
+    """
+    stack: list[tuple[str, Any, int]] = [("", data, 0)]
+    seen: set[int] = set()
+    while stack:
+        path, item, depth = stack.pop()
+        problem = _value_problem(item)
+        if problem:
+            return path, problem
+        if depth >= limit or id(item) in seen:
+            continue
+        children = _number_children(item, depth == 0)
+        if children:
+            seen.add(id(item))
+            stack.extend((path + key, child, depth + 1) for key, child in reversed(children))
+    return None
+
+
+def check_values(data: Any, source: str, size: int | None = None) -> Any:
+    """``data``, after :func:`check_structure` (no list
+    inside itself, at most one entry per byte of the file, every place of a
+    shared list counted) and :func:`unusable_value` found nothing in it.
+
+    Parameters
+    ----------
+    data : object
+      What the file held.
+
+    source : str
+      How messages name the file.
+
+    size : int or None
+      The file's length in bytes (None: unknown).
+
+    Raises
+    ------
+    ValueError
+      Naming ``source``, the field and the value.
+    """
+    check_structure(data, source, size)
+    found = unusable_value(data)
+    if found is not None:
+        raise refusal(source, found, "Numbers in a checkpoint are finite floats or ints within float range, "
+                                     "tensors are dense with values")
+    return data
