@@ -414,6 +414,14 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin, ReportsMixin):
         if parallel is not None:
             parallel.after_notify(self, method_name)
 
+    # ---- the autos' choices in saved files (io.persistence asks) --------------
+
+    def _write_auto_choices(self, state: Any) -> None:
+        auto.write_choices(self, state)
+
+    def _plan_auto_choices(self, state: Any, source: str) -> list:
+        return auto.plan_choices(self, state, source)
+
     # ---- pickling and trimming ---------------------------------------------
 
     def __getstate__(self):

@@ -107,9 +107,10 @@ def cycles(g):
     return found
 
 
-#: Modules that belong to the net's layer though their package is lower: the
-#: net's own mixins.
-NET_MIXINS = ("ampnet.io.persistence",)
+#: Modules that belong to the net's layer though their package is lower: none
+#: (``ampnet.io.persistence`` asks the net for the autos' saved choices, so it
+#: imports nothing above ``io``).
+NET_MIXINS: tuple[str, ...] = ()
 
 
 def layer(module: str) -> int:

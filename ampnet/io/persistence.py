@@ -63,7 +63,6 @@ from ampnet.io.optimizer_state import check_optimizer_state
 from ampnet.io.rng import get_rng_state, prepare_rng_state
 from ampnet.io.rollback import Step, apply_all
 from ampnet.precision import drop_compensation
-from ampnet.auto import plan_choices, write_choices
 from ampnet.precision import keep_kernels
 from ampnet.precision import validate_scaler_state
 from ampnet.io.schedulers import (
@@ -250,7 +249,7 @@ class PersistenceMixin:
             self.check_is_fitted([attr], msg=_MSG_INIT.format(verb="save"))
         state = self._get_module(attr, msg=_MSG_MODULE.format(verb="save")).state_dict()
         if attr == "module_":
-            write_choices(self, state)  # the choices of the autos go with the weights
+            self._write_auto_choices(state)  # the choices of the autos go with the weights
         if key == "f_grad_scaler" and safetensors:
             state = to_tensors(state)
         return state_writer(state, source, safetensors)
@@ -483,7 +482,7 @@ class PersistenceMixin:
         if isinstance(obj, torch.nn.Module):
             check_module_state(obj, state, source, attr)
             if attr == "module_":
-                choices = plan_choices(self, state, source)
+                choices = self._plan_auto_choices(state, source)
             stale = self._stale_compensation(attr, files)
             if stale:
                 return self._plan_module_without_compensation(obj, state, source, stale), choices
@@ -491,6 +490,17 @@ class PersistenceMixin:
             state = keep_kernels(obj, state)  # the net's fused/foreach, not the file's
             check_optimizer_state(obj, state, source, attr)
         return Step(source, lambda: obj.load_state_dict(state)), choices
+
+    # ---- the autos' saved choices: the net, which knows the autos, supplies them ----
+
+    def _write_auto_choices(self, state: Any) -> None:
+        """Write the autos' choices into the module ``state`` being saved
+        (the net's: :func:`ampnet.auto.write_choices`); here, none."""
+
+    def _plan_auto_choices(self, state: Any, source: str) -> list[Step]:
+        """The load steps for the choices saved with the module ``state``
+        (the net's: :func:`ampnet.auto.plan_choices`); here, none."""
+        return []
 
     def _stale_compensation(self, attr: str, files: dict[str, Any]) -> list:
         """Optimizers whose compensation buffers a load of ``attr`` alone

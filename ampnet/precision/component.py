@@ -139,11 +139,6 @@ class Precision:
         return self.scaler.is_enabled()
 
     @property
-    def converts_input(self) -> bool:
-        """Whether :meth:`convert_input` and the forward context do anything."""
-        return self.enabled or (self.layout is not None and self.layout.memory_format == "channels_last")
-
-    @property
     def auto_pending(self) -> bool:
         """Whether ``amp_fp32_modules`` holds ``'auto'`` that the first fit
         has yet to resolve (AMP on, a module attached and not yet probed)."""
@@ -279,7 +274,7 @@ class Precision:
         :func:`ampnet.precision.compensated.check_fused_sgd`). The kernel of
         the optimizers named in ``rederived`` is not checked: ampnet chose it,
         and chooses it again for the new layout when it rebuilds them
-        (:func:`ampnet.precision.kernels.ampnet_kernels`)."""
+        (``ampnet.config.reconfigure.ampnet_kernels``)."""
         low = self.enabled and self.policy.level == "pure" and not self.settings.master_weights
         for name, optimizer in optimizers:
             if self.settings.compensated:

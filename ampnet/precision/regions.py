@@ -46,11 +46,6 @@ class AutocastRegion:
         self.dtype = dtype
         self._saved: list[tuple[bool, torch.dtype]] = []
 
-    @property
-    def is_fp32(self) -> bool:
-        """Whether this is a float32 region."""
-        return self.dtype is None
-
     def pre_hook(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple:
         dev = self.device_type
         self._saved.append((torch.is_autocast_enabled(dev), torch.get_autocast_dtype(dev)))
