@@ -24,7 +24,7 @@ import torch
 
 from ampnet.exceptions import amp_warn
 from ampnet.config.params import PARAMS, amp_only, is_auto, parsed
-from ampnet.utils.validation import describe
+from ampnet.utils.values import describe
 
 __all__ = ["ineffective_settings", "warn_ineffective_settings", "is_default"]
 

@@ -29,7 +29,8 @@ import torch
 from ampnet.precision import GradScaler, check_device, dtype_name, parse_amp_dtype, parse_selectors
 from ampnet.precision import validate_scaler_settings
 from ampnet.precision import AMP_LEVELS, LIVE_SETTINGS, SCALER_DEFAULTS
-from ampnet.utils.validation import describe, exception_text, is_bool, named_with_hints
+from ampnet.utils.values import describe, exception_text, is_bool
+from ampnet.utils.hints import named_with_hints
 
 __all__ = [
     "Param", "PARAMS", "REBUILDS", "INT_MAX", "check", "check_all", "unreadable", "check_names", "is_auto",
@@ -362,7 +363,7 @@ def _names(exc: BaseException, name: str) -> bool:
 def unreadable(name: str, value: Any, exc: BaseException) -> ValueError:
     """The ``ValueError`` for a value of parameter ``name`` whose own
     methods raised ``exc`` while ampnet read it: the parameter, the value
-    (:func:`ampnet.utils.validation.describe`, which never raises), what it raised,
+    (:func:`ampnet.utils.values.describe`, which never raises), what it raised,
     the parameter's valid values and a fix."""
     row = PARAMS.get(name)
     valid = f" {name}: {row.doc}." if row is not None else ""

@@ -32,7 +32,7 @@ import torch
 from ampnet.training import step as steps
 from ampnet.exceptions import amp_warn
 from ampnet.training.parallel import build_parallel, rebuild_parallel
-from ampnet.utils.validation import close_names
+from ampnet.utils.hints import close_names
 from ampnet.config.params import (
     LAYOUT, LIVE_SCALER, MODULE_PARAMS, NOTHING, PARALLEL, PARAMS, PARSED_ATTRIBUTE, SCALER, ParsedParams,
     auto_inputs, check, check_all, check_names, constructor_defaults, is_auto, parsed, pending_params, rebuilds,

@@ -17,13 +17,8 @@ from ampnet.io.untrusted import (
     check_torch_file, check_values, is_path, max_bytes, open_untrusted, read_error, read_json, read_untrusted,
 )
 from ampnet.io.untrusted import brief as describe
-from ampnet.utils.validation import (
-    all_finite,
-    dtype_kind,
-    finite_number,
-    is_int,
-    tensor_problem,
-)
+from ampnet.utils.file_values import all_finite, dtype_kind, tensor_problem
+from ampnet.utils.values import finite_number, is_int
 
 def describe_target(key: str, target: Any) -> str:
     if is_path(target):

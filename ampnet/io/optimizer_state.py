@@ -13,16 +13,8 @@ from typing import Any
 import torch
 
 from ampnet.io.untrusted import brief as describe
-from ampnet.utils.validation import (
-    MAX_DEPTH,
-    all_finite,
-    finite_number,
-    is_bool,
-    is_int,
-    is_number,
-    tensor_problem,
-    type_mismatch,
-)
+from ampnet.utils.file_values import MAX_DEPTH, all_finite, tensor_problem, type_mismatch
+from ampnet.utils.values import finite_number, is_bool, is_int, is_number
 
 __all__ = ["check_optimizer_state"]
 

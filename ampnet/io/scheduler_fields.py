@@ -26,7 +26,7 @@ from typing import Any, Callable
 import torch
 
 from ampnet.io.untrusted import brief as describe
-from ampnet.utils.validation import as_float, finite_number, is_bool, is_int, is_number
+from ampnet.utils.values import as_float, finite_number, is_bool, is_int, is_number
 
 __all__ = ["is_stock", "decode_state", "field_problems", "trial_problem", "RULES", "TRIAL_STEPS"]
 

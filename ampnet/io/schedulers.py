@@ -21,7 +21,8 @@ from skorch.callbacks import LRScheduler
 
 from ampnet.io.untrusted import max_bytes, read_json
 from ampnet.io.scheduler_fields import decode_state, field_problems, is_stock, trial_problem
-from ampnet.utils.validation import is_bool, type_mismatch
+from ampnet.utils.values import is_bool
+from ampnet.utils.file_values import type_mismatch
 
 __all__ = ["lr_scheduler_states", "dumps_lr_scheduler_states", "read_lr_scheduler_states",
            "check_lr_scheduler_states", "plan_lr_schedulers", "restore_lr_schedulers"]

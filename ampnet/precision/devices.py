@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ampnet.utils.validation import describe
+from ampnet.utils.values import describe
 
 __all__ = ["check_device"]
 

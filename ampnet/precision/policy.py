@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ampnet.utils.dtypes import LOW_PRECISION_DTYPES
-from ampnet.utils.validation import describe, is_bool
+from ampnet.utils.values import describe, is_bool
 
 __all__ = [
     "PrecisionPolicy",

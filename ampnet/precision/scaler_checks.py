@@ -11,9 +11,10 @@ from typing import Any
 import torch
 
 from ampnet.precision.scaler_state import cast_setting
-from ampnet.utils.validation import describe, exception_text, is_bool, tensor_problem
-from ampnet.utils.validation import is_int as _is_int
-from ampnet.utils.validation import is_number as _is_number
+from ampnet.utils.values import describe, exception_text, is_bool
+from ampnet.utils.file_values import tensor_problem
+from ampnet.utils.values import is_int as _is_int
+from ampnet.utils.values import is_number as _is_number
 
 __all__ = ["validate_scaler_settings", "validate_scaler_state", "STATE_VERSION", "FLOAT32_TINY", "FLOAT32_MAX"]
 

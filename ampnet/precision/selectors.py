@@ -22,7 +22,7 @@ from typing import Any, Union
 import torch
 
 from ampnet.exceptions import amp_warn
-from ampnet.utils.validation import describe
+from ampnet.utils.values import describe
 
 __all__ = ["Selector", "parse_selectors", "match_modules", "describe_selector", "AUTO"]
 

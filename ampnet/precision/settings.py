@@ -23,7 +23,7 @@ import torch
 from ampnet.precision.policy import PrecisionPolicy, resolve_precision
 from ampnet.precision.scaler import GradScaler
 from ampnet.precision.scaler_checks import validate_scaler_settings
-from ampnet.utils.validation import named_with_hints
+from ampnet.utils.hints import named_with_hints
 
 __all__ = [
     "PrecisionSettings", "build_settings", "scaling_enabled",

@@ -21,7 +21,7 @@ from sklearn.model_selection import GridSearchCV
 
 from ampnet.config.params import PARAMS, check
 from ampnet.precision import validate_scaler_settings
-from ampnet.utils.validation import describe, exception_text
+from ampnet.utils.values import describe, exception_text
 from conftest import small_classifier
 
 NOT_DEVICES = [-1, True, np.True_, 0.5, float("nan"), "meta", torch.device("meta"), 10**30, [0], object()]

@@ -1,7 +1,7 @@
 """Values as the user or a file gives them: AMP parameters are read through
 the parameter table wherever ampnet compares them (so a case variant such as
 ``' Compensated'`` means what ``'compensated'`` means), and the field checks
-of :func:`ampnet.utils.validation.type_mismatch` return a problem, never raise,
+of :func:`ampnet.utils.file_values.type_mismatch` return a problem, never raise,
 for huge ints and tensors without values."""
 
 import pytest
@@ -9,7 +9,8 @@ import torch
 
 from ampnet import AmpNetClassifier
 from ampnet.io.untrusted import values
-from ampnet.utils.validation import as_float, describe, finite_number, type_mismatch
+from ampnet.utils.values import as_float, describe, finite_number
+from ampnet.utils.file_values import type_mismatch
 from conftest import MLP
 from precision_helpers import COMP, compensation, true_weights
 

@@ -42,7 +42,7 @@ from types import MappingProxyType
 from typing import Any, BinaryIO
 
 from ampnet.io.untrusted.values import check_values
-from ampnet.utils.validation import MAX_DEPTH, nesting_depth
+from ampnet.utils.file_values import MAX_DEPTH, nesting_depth
 
 __all__ = [
     "open_untrusted", "read_untrusted", "read_error", "read_json", "is_path", "FileKind", "KINDS", "OPTIONAL_FILES",
@@ -198,7 +198,7 @@ def is_path(target: Any) -> bool:
 def read_json(target: Any, source: str, what: str, max_bytes: int) -> Any:
     """Parse JSON from a path (opened as :func:`open_untrusted`
     does) or an open file, at most ``max_bytes`` long and nested at most
-    :data:`ampnet.utils.validation.MAX_DEPTH` levels deep.
+    :data:`ampnet.utils.file_values.MAX_DEPTH` levels deep.
 
     Raises
     ------

@@ -47,7 +47,7 @@ import torch
 from ampnet.io.untrusted.pickles import HashedEntryError, SkeletonUnpickler, StorageRef, call_problem
 from ampnet.io.untrusted.values import brief as describe
 from ampnet.io.untrusted.values import check_structure
-from ampnet.utils.validation import is_int
+from ampnet.utils.values import is_int
 
 __all__ = [
     "LEGACY_MAGIC", "check_torch_legacy", "check_zip_pickle", "BoundedReader",

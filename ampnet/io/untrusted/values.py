@@ -29,7 +29,7 @@ values (``torch.empty((), device="meta")``), whose ``item()`` raises
 :func:`ampnet.io.files.read_state` and :func:`ampnet.io.untrusted.opening.read_json`
 refuse the file with its name and the field before any field check reads
 it; the field checks use the overflow-safe tests of
-:mod:`ampnet.utils.validation` (``as_float``, ``finite_number``).
+:mod:`ampnet.utils.values` (``as_float``, ``finite_number``).
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ from typing import Any
 
 import torch
 
-from ampnet.utils.validation import MAX_DEPTH, as_float, is_number, tensor_problem, type_name
+from ampnet.utils.file_values import MAX_DEPTH, tensor_problem
+from ampnet.utils.values import as_float, is_number, type_name
 
 __all__ = [
     "MIN_ENTRIES", "structure_problem", "check_structure", "brief", "refusal", "unusable_value",
@@ -234,7 +235,7 @@ def _text(value: Any, room: int) -> str:
 
 
 def brief(value: Any, width: int = 80, typed: bool = True) -> str:
-    """``repr`` and type of ``value``, as :func:`ampnet.utils.validation.describe`
+    """``repr`` and type of ``value``, as :func:`ampnet.utils.values.describe`
     gives them, but built from at most ``width`` characters of entries: a
     structure of any size (or one that holds the same list many times over)
     costs no more than its first entries.
