@@ -36,7 +36,8 @@ from ampnet.auto.fp32_modules import resolve_fp32_modules, split_params
 from ampnet.auto.saved import enabled_choice, fp32_choice, plan_choices, write_choices
 from ampnet.auto.trial import Trial
 from ampnet.exceptions import amp_warn
-from ampnet.io.files import checkpoint_files, read_params_file
+from ampnet.io.layout import checkpoint_files
+from ampnet.io.state_files import read_params_file
 from ampnet.config.net_state import all_or_nothing
 from ampnet.config.params import is_auto
 from ampnet.utils.random_state import kept_random_state
@@ -249,7 +250,7 @@ def end_fit(net: Any) -> None:
 def _resume_state(net: Any) -> tuple[Any, str | None]:
     """The module state (and the file's description) of the checkpoint that
     a ``LoadInitState`` callback will load, read through the checked reader
-    of every load (:func:`ampnet.io.files.read_params_file`); ``(None, None)``
+    of every load (:func:`ampnet.io.state_files.read_params_file`); ``(None, None)``
     where there is none, or one that ``LoadInitState`` will refuse with its
     own error."""
     for _, cb in net.callbacks_:

@@ -44,20 +44,9 @@ from skorch.utils import _check_f_arguments, get_map_location
 
 from ampnet.io.atomic import atomic_write_group, is_path, recover, write_key
 from ampnet.exceptions import amp_warn
-from ampnet.io.files import (
-    describe_target,
-    attr_of,
-    to_tensors,
-    from_tensors,
-    read_state,
-    read_history,
-    check_module_state,
-    resolve_checkpoint,
-    checkpoint_files,
-    plain,
-    text_writer,
-    state_writer,
-)
+from ampnet.io.layout import describe_target, attr_of, resolve_checkpoint, checkpoint_files
+from ampnet.io.state_files import to_tensors, from_tensors, read_state, read_history, check_module_state
+from ampnet.io.writers import plain, text_writer, state_writer
 from ampnet.io.untrusted import KINDS, OPTIONAL_FILES, max_bytes
 from ampnet.io.optimizer_state import check_optimizer_state
 from ampnet.io.rng import get_rng_state, prepare_rng_state

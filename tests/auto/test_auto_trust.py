@@ -262,7 +262,7 @@ def test_string_choices_whatever_their_case_are_stored_as_given_and_trained_as_c
 
 def test_every_torch_load_is_the_checked_readers():
     """Every call of torch.load in ampnet is the checked reader's
-    (ampnet.io.files), which refuses FIFOs, oversized and hostile files."""
+    (ampnet.io.state_files), which refuses FIFOs, oversized and hostile files."""
     import ast
     from pathlib import Path
 
@@ -276,4 +276,4 @@ def test_every_torch_load_is_the_checked_readers():
             if (isinstance(node, ast.Call) and isinstance(func, ast.Attribute) and func.attr == "load"
                     and isinstance(func.value, ast.Name) and func.value.id == "torch"):
                 calls.append(path.relative_to(root).as_posix())
-    assert calls and set(calls) == {"io/files.py"}, calls
+    assert calls and set(calls) == {"io/state_files.py"}, calls

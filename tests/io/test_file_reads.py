@@ -24,7 +24,7 @@ from sklearn.model_selection import GridSearchCV
 
 import ampnet
 from ampnet.callbacks.checkpoint import LoadInitState
-import ampnet.io.files as files
+import ampnet.io.state_files as files
 from checkpoint_helpers import (  # noqa: F401  (fixtures)
     _policy_checkpoint,
     _policy_net,
@@ -96,7 +96,7 @@ def test_history_with_a_400_digit_number_is_refused(tmp_path, saved, where, key)
 def test_history_checks_do_not_overflow_on_their_own():
     """The field rules refuse a huge int by their own rule too (not only the
     walk over the whole file)."""
-    from ampnet.io.files import _history_value_problem
+    from ampnet.io.state_files import _history_value_problem
 
     for key in ("dur", "loss_scale"):
         problem = _history_value_problem(key, HUGE)
@@ -216,7 +216,7 @@ def test_huge_negative_and_meta_settings_are_value_errors():
 
 AMPNET = Path(ampnet.__file__).parent
 #: The modules that may call torch.load: the checked reader.
-READERS = {"io/files.py"}
+READERS = {"io/state_files.py"}
 
 
 def _torch_load_calls(tree):
@@ -251,7 +251,7 @@ def _torch_load_calls(tree):
 def test_no_torch_load_outside_the_checked_reader():
     """Item 8: net_autotune's resume path called torch.load on params.pt
     (a FIFO hung the fit, a zip bomb filled the memory). Every read goes
-    through ampnet.io.files.read_state / read_params_file. The search is on
+    through ampnet.io.state_files.read_state / read_params_file. The search is on
     the syntax tree, so text that mentions torch.load (docstrings) is not a
     call and any spelling of a call is."""
     found = []
@@ -269,7 +269,7 @@ def test_no_torch_load_outside_the_checked_reader():
     )
     assert _torch_load_calls(ast.parse(code)) == [5, 6, 7, 8, 9]
     assert found == [], (
-        "torch.load outside the checked reader; use ampnet.io.files.read_params_file(path) "
+        "torch.load outside the checked reader; use ampnet.io.state_files.read_params_file(path) "
         "(or read_state): " + "; ".join(found)
     )
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch._utils
 
-from ampnet.io.files import read_params_file
+from ampnet.io.state_files import read_params_file
 from repo_paths import ROOT
 
 MiB = 1 << 20
@@ -81,7 +81,7 @@ def test_a_legacy_file_asking_more_than_it_holds_is_refused(tmp_path, name):
 
 _MEASURE = textwrap.dedent("""
     import json, resource, sys
-    from ampnet.io.files import read_params_file
+    from ampnet.io.state_files import read_params_file
     read_params_file(sys.argv[1])  # warm up the reader on a good file
     size = int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize()
     resource.setrlimit(resource.RLIMIT_AS, (size + (256 << 20), resource.RLIM_INFINITY))

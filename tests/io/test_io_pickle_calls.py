@@ -19,7 +19,7 @@ import zipfile
 import pytest
 import torch
 
-from ampnet.io.files import read_params_file
+from ampnet.io.state_files import read_params_file
 from repo_paths import ROOT
 
 MiB = 1 << 20
@@ -122,7 +122,7 @@ def test_a_raw_pickle_in_a_zip_file_is_what_torch_reads(tmp_path):
 
 _MEASURE = textwrap.dedent("""
     import json, resource, sys
-    from ampnet.io.files import read_params_file
+    from ampnet.io.state_files import read_params_file
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     try:
         read_params_file(sys.argv[1])

@@ -14,7 +14,7 @@ import pytest
 import ampnet.io.atomic as atomic
 from ampnet.callbacks.checkpoint import Checkpoint, LoadInitState
 from ampnet.exceptions import DirectoryLockedError
-from ampnet.io.files import checkpoint_files
+from ampnet.io.layout import checkpoint_files
 from ampnet.io.lock import LOCK_NAME
 from checkpoint_helpers import data, quietly, snapshot, tiny_net  # noqa: F401  (fixtures)
 from resume_script import differences

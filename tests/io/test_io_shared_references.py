@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from ampnet.io.files import read_params_file
+from ampnet.io.state_files import read_params_file
 from checkpoint_helpers import paths, quietly, snapshot, tiny_net
 from resume_script import differences
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-import ampnet.io.files
+import ampnet.io.state_files
 from ampnet.io.atomic import JOURNAL_NAME, TEMP_SUFFIX, recover
 from ampnet.callbacks.checkpoint import Checkpoint, LoadInitState
 from checkpoint_helpers import (  # noqa: F401  (fixtures)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import ampnet.io.files
+import ampnet.io.writers
 from ampnet.io.atomic import TEMP_SUFFIX
 from ampnet.callbacks.checkpoint import Checkpoint
 from checkpoint_helpers import (  # noqa: F401  (fixtures)
@@ -69,7 +69,7 @@ def test_disk_full_during_a_checkpoint_names_the_file_and_keeps_the_old_one(
         f = open(path, mode, *args, **kwargs)
         return FullDisk(f, room) if "w" in mode and "params.pt" in os.fspath(path) else f
 
-    monkeypatch.setattr(ampnet.io.files, "open", full_open, raising=False)
+    monkeypatch.setattr(ampnet.io.writers, "open", full_open, raising=False)
     with pytest.raises(OSError, match="the disk is full") as info:
         cp.save_model(changed)
     monkeypatch.undo()

@@ -26,7 +26,7 @@ hold ``10**400``; ``float()``, ``math.isfinite`` and string formatting of
 such an int raise ``OverflowError``. A pickle can also hold tensors without
 values (``torch.empty((), device="meta")``), whose ``item()`` raises
 ``RuntimeError``. :func:`unusable_value` finds the first such value, so that
-:func:`ampnet.io.files.read_state` and :func:`ampnet.io.untrusted.opening.read_json`
+:func:`ampnet.io.state_files.read_state` and :func:`ampnet.io.untrusted.opening.read_json`
 refuse the file with its name and the field before any field check reads
 it; the field checks use the overflow-safe tests of
 :mod:`ampnet.utils.values` (``as_float``, ``finite_number``).

@@ -1,18 +1,15 @@
-"""Reading, checking and writing the files of a net's state (used by
-:class:`ampnet.io.persistence.PersistenceMixin` and :mod:`ampnet.callbacks.checkpoint`)."""
+"""Reading and checking the files of a net's state: torch and safetensors files through the checked
+reader (the one place that calls ``torch.load``), the history, and a module's state against the module."""
 
 from __future__ import annotations
 
 import os
 import pickle
 from collections.abc import Mapping
-from typing import Any, Callable
+from typing import Any
 
 import torch
-from skorch.callbacks import TrainEndCheckpoint as SkorchTrainEndCheckpoint
-from skorch.history import History
 
-from ampnet.io.atomic import recover
 from ampnet.io.untrusted import (
     check_torch_file, check_values, is_path, max_bytes, open_untrusted, read_error, read_json, read_untrusted,
 )
@@ -20,17 +17,16 @@ from ampnet.io.untrusted import brief as describe
 from ampnet.utils.file_values import all_finite, dtype_kind, tensor_problem
 from ampnet.utils.values import finite_number, is_int
 
+__all__ = [
+    "describe_target", "to_tensors", "from_tensors", "read_state", "read_params_file", "read_history",
+    "check_module_state",
+]
+
+
 def describe_target(key: str, target: Any) -> str:
     if is_path(target):
         return f"{key} file {os.fspath(target)!r}"
     return f"{key} ({getattr(target, 'name', type(target).__name__)!r})"
-
-
-def attr_of(key: str) -> str:
-    return "module_" if key in ("f_params", "f_module") else key[2:] + "_"
-
-
-# ---- tensors <-> plain values (the scaler state under safetensors) -------
 
 
 def to_tensors(state: Mapping[str, Any]) -> dict[str, torch.Tensor]:
@@ -52,9 +48,6 @@ def from_tensors(state: Mapping[str, Any]) -> dict[str, Any]:
         key: value.item() if isinstance(value, torch.Tensor) and value.dim() == 0 else value
         for key, value in state.items()
     }
-
-
-# ---- reading, without changing the net -----------------------------------
 
 
 def read_state(target: Any, source: str, safetensors: bool, map_location: Any,
@@ -200,6 +193,7 @@ def _read_state(target: Any, source: str, safetensors: bool, map_location: Any,
 #: Counters of a history beyond this are not reached by any run.
 _COUNT_MAX = 2**53
 
+
 #: Epochs are numbered in int32 range (checkpoint names format them).
 _EPOCH_MAX = 2**31 - 1
 
@@ -319,165 +313,3 @@ def check_module_state(module: torch.nn.Module, state: Any, source: str, attr: s
             "passed (e.g. the optimizer file as f_params), or was the module built with "
             "other sizes? Nothing was loaded."
         )
-
-
-def _escapes(path: str, root: str) -> bool:
-    rel = os.path.relpath(os.path.abspath(path), os.path.abspath(root or "."))
-    return rel == os.pardir or rel.startswith(os.pardir + os.sep) or os.path.isabs(rel)
-
-
-def _confined(checkpoint: Any, files: dict[str, Any], source: str) -> dict[str, Any]:
-    """Refuse file names that values from the history (``source``) moved out
-    of the checkpoint's directory."""
-    for key, template in checkpoint._f_kwargs().items():
-        formatted = files.get(key)
-        if not (isinstance(template, str) and "{" in template and isinstance(formatted, str)):
-            continue
-        inside = os.path.join(checkpoint.dirname, checkpoint.fn_prefix + template)
-        if "\x00" in formatted or (
-            not _escapes(inside, checkpoint.dirname) and _escapes(formatted, checkpoint.dirname)
-        ):
-            raise ValueError(
-                f"{source} turns the file name {key}={template!r} into {formatted!r}, outside "
-                f"the checkpoint's directory {checkpoint.dirname or '.'!r}. Nothing was loaded. "
-                "Fix: use the history file that this checkpoint saved."
-            )
-    return files
-
-
-def _format_files(checkpoint: Any, net: Any, rows: list | None,
-                  source: str = "the history") -> dict[str, Any]:
-    saved = net.history
-    try:
-        if rows is not None:
-            net.history = History(rows)
-        if len(net.history):
-            if rows is None:
-                return checkpoint.get_formatted_files(net)
-            try:
-                files = checkpoint.get_formatted_files(net)
-            except Exception as exc:  # a format field that the saved history lacks
-                raise ValueError(
-                    f"{source} cannot format the checkpoint's file names "
-                    f"({type(exc).__name__}: {exc}). Nothing was loaded. Fix: use the "
-                    "history file that this checkpoint saved."
-                ) from exc
-            return _confined(checkpoint, files, source)
-        # no history to format with (a first run): only plain names resolve
-        files = {}
-        for key, val in checkpoint._f_kwargs().items():
-            if isinstance(val, str):
-                if "{" in val:
-                    continue
-                val = os.path.join(checkpoint.dirname, checkpoint.fn_prefix + val)
-            files[key] = val
-        return files
-    finally:
-        net.history = saved
-
-
-def resolve_checkpoint(checkpoint: Any) -> Any:
-    """The Checkpoint that holds the file names (a TrainEndCheckpoint's
-    inner one, initialized if needed)."""
-    if isinstance(checkpoint, SkorchTrainEndCheckpoint):
-        if not hasattr(checkpoint, "checkpoint_"):
-            checkpoint.initialize()
-        return checkpoint.checkpoint_
-    return checkpoint
-
-
-def checkpoint_files(checkpoint: Any, net: Any) -> dict[str, Any]:
-    """The files of ``checkpoint`` as ``load_params`` resolves them, without
-    changing ``net``.
-
-    A save that a killed process left pending is completed first. File
-    names with format specifiers are formatted with the saved history, as
-    skorch does.
-    """
-    checkpoint = resolve_checkpoint(checkpoint)
-    recover([checkpoint.dirname or "."])
-    rows = None
-    f_history = checkpoint.f_history_
-    source = describe_target("f_history", f_history)
-    if f_history is not None and (not is_path(f_history) or os.path.exists(f_history)):
-        rows = read_history(f_history, source)
-        if not is_path(f_history):
-            f_history.seek(0)
-    files = _format_files(checkpoint, net, rows, source)
-    recover({os.path.dirname(os.path.abspath(v)) for v in files.values() if is_path(v)})
-    return files
-
-
-def plain(value: Any) -> Any:
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        return value.item()
-    return value
-
-
-def text_writer(text: str) -> Callable[[Any], None]:
-    def write(target: Any) -> None:
-        if is_path(target):
-            with open(target, "w", encoding="utf-8") as f:
-                f.write(text)
-        else:
-            target.write(text)
-
-    return write
-
-
-def _os_error_behind(exc: BaseException) -> OSError | None:
-    """The OSError that ``exc`` was raised while handling, if any."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, OSError):
-            return exc
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
-    return None
-
-
-def _torch_writer(state: Any) -> Callable[[Any], None]:
-    def write(target: Any) -> None:
-        try:
-            if is_path(target):
-                # through a Python file, so that a write error (a full disk) raises
-                # the OSError with its cause; torch's own writer loses it
-                with open(target, "wb") as f:
-                    torch.save(state, f)
-            else:
-                torch.save(state, target)
-        except RuntimeError as exc:
-            # torch's zip writer, closing after a failed write, raises its own
-            # "unexpected pos" error over the OSError
-            cause = _os_error_behind(exc)
-            if cause is None:
-                raise
-            raise cause from None
-
-    return write
-
-
-def state_writer(state: Any, source: str, safetensors: bool) -> Callable[[Any], None]:
-    if not safetensors:
-        return _torch_writer(state)
-    bad = sorted(str(k) for k, v in state.items() if not isinstance(v, torch.Tensor))
-    if bad:
-        raise ValueError(
-            f"Cannot save {source} with use_safetensors=True: safetensors stores only "
-            f"tensors, and {bad[:4]} are Python values (an optimizer state cannot be "
-            "stored). Fix: pass use_safetensors=False, or leave this file out. Nothing "
-            "was written."
-        )
-
-    def write(target: Any) -> None:
-        # optional dependency: safetensors (only for use_safetensors=True)
-        from safetensors.torch import save
-
-        data = save(state)
-        if is_path(target):
-            with open(target, "wb") as f:  # a write error raises the OSError with its cause
-                f.write(data)
-        else:
-            target.write(data)
-
-    return write
