@@ -67,6 +67,15 @@ _KINDS = ("None, a device string such as 'cpu', 'cuda', 'cuda:0' or 'mps', a tor
 _MAX_INDEX = 2**63 - 1
 
 
+def _unavailable(name: str, device: Any, kind: str) -> ValueError:
+    """The refusal of a device of ``kind`` that this machine does not have."""
+    label = _NAMES.get(kind, kind)
+    return ValueError(
+        f"{name}={device!r}, but {label} is not available on this machine "
+        f"({_why_not(kind)}). Fix: {name}='cpu', or {_how_to_get(kind, label)}."
+    )
+
+
 def check_device(device: Any, name: str = "device") -> None:
     """Raise a ``ValueError`` if ``device`` is not a device, or not usable
     on this machine.
@@ -115,6 +124,10 @@ def check_device(device: Any, name: str = "device") -> None:
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError, ValueError):
+        if isinstance(device, int):
+            # an accelerator index where this torch has no accelerator at all (a CPU-only
+            # build refuses torch.device(0)): the missing device's own error, as for 'cuda:0'
+            raise _unavailable(name, device, "cuda") from None
         # not a torch device string: skorch passes it to .to(), which custom
         # modules may accept; with AMP on, resolve_precision refuses it
         return
@@ -128,10 +141,7 @@ def check_device(device: Any, name: str = "device") -> None:
     ok, count = _available(dev.type)
     label = _NAMES.get(dev.type, dev.type)
     if ok is False:
-        raise ValueError(
-            f"{name}={device!r}, but {label} is not available on this machine "
-            f"({_why_not(dev.type)}). Fix: {name}='cpu', or {_how_to_get(dev.type, label)}."
-        )
+        raise _unavailable(name, device, dev.type)
     if ok and count is not None and dev.index is not None and dev.index >= count:
         raise ValueError(
             f"{name}={device!r}, but this machine has {count} {label} device(s) "
