@@ -147,7 +147,7 @@ def _positive(value: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ampnet", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m ampnet", description=__doc__.replace("``", "`"))  # reST markup reads as Markdown here
     parser.add_argument("--epochs", type=_positive, default=6, help="training epochs of each run (default: 6)")
     parser.add_argument("--hidden", type=_positive, default=512,
                         help="width of the hidden layers (wider: more room for AMP to pay off)")
@@ -190,6 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     print()
     for row in [header, tuple("-" * w for w in widths)] + rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    note = _timing_note(rows)
+    if note:
+        print(note)
     print()
     print(nets[-1].amp_autotune_)
     print()
@@ -197,6 +200,23 @@ def main(argv: list[str] | None = None) -> int:
     print("Pin the choice with AmpNetClassifier(..., **net.amp_autotune_.params). Run "
           "`python -m ampnet.benchmark` for careful speed measurements.")
     return 0
+
+
+def _timing_note(rows: list[tuple[str, ...]], spread: float = 1.5) -> str | None:
+    """A warning where two runs that trained in the same precision differ in
+    median epoch time by more than ``spread`` times: single runs on a busy
+    machine, not a difference between the settings."""
+    by_precision: dict[str, list[tuple[str, float]]] = {}
+    for row in rows:
+        by_precision.setdefault(row[1], []).append((row[0], float(row[3])))
+    for precision, runs in by_precision.items():
+        fast, slow = min(runs, key=lambda r: r[1]), max(runs, key=lambda r: r[1])
+        if len(runs) > 1 and slow[1] > spread * fast[1]:
+            return (f"Note: '{fast[0]}' and '{slow[0]}' both trained in {precision}, yet took {fast[1]:.1f} and "
+                    f"{slow[1]:.1f} ms per epoch: single runs on a busy machine swing that much, so these times "
+                    "do not compare the settings. `OMP_NUM_THREADS=1 python -m ampnet` steadies them; "
+                    "`python -m ampnet.benchmark` measures carefully.")
+    return None
 
 
 def _verdict(net: Any, device: str) -> str:

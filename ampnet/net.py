@@ -120,6 +120,18 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin, ReportsMixin):
         """``'pure'`` with master weights: the float32 master parameters by name."""
         return self._component("precision_").masters
 
+    @property
+    def amp_autotune_(self) -> auto.AutotuneResult:
+        """``amp_enabled='auto'``'s choice and its record (set by the first
+        fit of a net with ``amp_enabled='auto'``)."""
+        try:
+            return self.__dict__["amp_autotune_"]
+        except KeyError:
+            raise AttributeError(
+                f"{type(self).__name__} has no 'amp_autotune_': it is the record of amp_enabled='auto''s choice, "
+                f"set by the first fit of a net with amp_enabled='auto' (this one has "
+                f"amp_enabled={self.__dict__.get('amp_enabled')!r}).") from None
+
     def _component(self, name: str) -> Any:
         try:
             return self.__dict__[name]

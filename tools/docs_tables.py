@@ -30,7 +30,18 @@ PAGES = {
 def _summary(path) -> str:
     doc = ast.get_docstring(ast.parse(path.read_text())) or ""
     line = " ".join(doc.strip().split("\n\n")[0].split())
-    return line if len(line) <= 150 else line[:147] + "..."
+    return line if len(line) <= 150 else _shortened(line, 150)
+
+
+def _shortened(line: str, limit: int) -> str:
+    """``line``'s first sentence, or its words up to ``limit`` characters,
+    never cut inside a name in backticks or a role such as ``:class:`x```."""
+    cuts = [i + 1 for i, ch in enumerate(line[:limit]) if ch == "." and line[i + 1:i + 2] == " "
+            and line[:i].count("`") % 2 == 0]
+    if cuts:
+        return line[:cuts[0]]
+    words = [i for i, ch in enumerate(line[:limit - 1]) if ch == " " and line[:i].count("`") % 2 == 0]
+    return (line[:words[-1]] if words else line[:limit - 1]).rstrip(",;:") + "…"
 
 
 def module_map() -> str:

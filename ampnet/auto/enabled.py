@@ -104,8 +104,8 @@ class AutotuneResult:
     def __str__(self) -> str:
         lines = [f"amp_enabled='auto' on {self.device}: {self.chosen} ({SOURCES.get(self.source, self.source)})"]
         for row in self.table if any(r.get("timed") or r.get("reason") for r in self.table) else ():
-            step = "-" if row.get("step_s") is None else f"{row['step_s'] * 1e3:.2f} ms a step"
-            what = row.get("reason") or f"{step}, {row.get('timed', 0)} timed"
+            step = None if row.get("step_s") is None else f"{row['step_s'] * 1e3:.2f} ms a step"
+            what = row.get("reason") or (f"{step}, {row.get('timed', 0)} timed" if step else "not measured")
             lines.append(f"  {label(row['params']):<22} {what}{'  <- chosen' if row['params'] == self.params else ''}")
         if self.steps_run:
             shown = ", ".join(_short(s) for s in self.steps_run)
@@ -160,7 +160,8 @@ def candidate_params(net: Any) -> tuple[list[dict[str, Any]], str | None]:
     mixed = {**float32, "amp_enabled": True, "amp_dtype": dtype_name(dtype)}
     reason = None
     if device.type == "cpu" and dtype == torch.float16:
-        reason = "float16 on a CPU is emulated, many times slower than float32"
+        reason = ("float16 autocast on a CPU is correct but often slower than float32 (few CPUs compute float16 "
+                  "natively)")
     elif device.type == "cpu" and not cpu_has_native_bf16():
         reason = "this CPU has no native bfloat16 (AVX512-BF16 or AMX): it is emulated, many times slower"
     return [float32, mixed], (f"mixed precision not measured: {reason}" if reason else None)
@@ -181,6 +182,9 @@ def device_choice(candidates: list[dict[str, Any]], device: torch.device, machin
         mixed, total = others.get(True, 0), sum(others.values())
         chosen = candidates[1] if mixed > total - mixed else candidates[0]
         count = mixed if chosen is candidates[1] else total - mixed
+        if 2 * mixed == total:
+            return chosen, (f"{label(chosen)}: the {total} choices stored for other models on this machine are "
+                            "a tie between mixed precision and float32, and a tie keeps float32")
         return chosen, (f"{label(chosen)}, as {count} of the {total} choices stored for other models on this "
                         "machine")
     flags = set(machine.get("flags", ()))

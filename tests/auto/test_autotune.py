@@ -210,6 +210,9 @@ def test_the_choice_without_a_measurement_follows_the_cpu(machine, chosen):
     params, why = device_choice([FLOAT32, BF16_MIXED], torch.device("cpu"), machine, {True: 3, False: 1}
                                 if other is BF16_MIXED else {True: 1, False: 3})
     assert params == other and why.endswith("as 3 of the 4 choices stored for other models on this machine")
+    # a tie keeps float32, and says so
+    params, why = device_choice([FLOAT32, BF16_MIXED], torch.device("cpu"), machine, {True: 1, False: 1})
+    assert params == FLOAT32 and "a tie between mixed precision and float32, and a tie keeps float32" in why
 
 
 def test_a_short_fit_takes_the_choice_stored_for_other_models_here(data, native_bf16, auto_cache_dir):
@@ -490,3 +493,11 @@ def test_the_demo_says_what_auto_found(data, native_bf16):
     assert "mixed precision took 2.00x float32's step time" in _verdict(SimpleNamespace(amp_autotune_=slower), "cpu")
     stored = fit(data).amp_autotune_
     assert "it measured nothing" in _verdict(SimpleNamespace(amp_autotune_=stored), "cpu")
+
+
+def test_amp_autotune_on_a_net_that_is_not_auto_says_what_it_is():
+    net = AmpNetClassifier(Logits, amp_enabled=True, max_epochs=1, train_split=None, verbose=0)
+    with pytest.raises(AttributeError, match=r"no 'amp_autotune_': it is the record of amp_enabled='auto'.*"
+                                             r"\(this one has amp_enabled=True\)"):
+        net.amp_autotune_
+    assert not hasattr(net, "amp_autotune_") and "amp_autotune_" not in vars(net)

@@ -123,3 +123,18 @@ def test_demo_refuses_a_count_below_one(capsys, option, value, problem):
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert f"argument {option}: {problem}" in err and "Traceback" not in err
+
+
+def test_demo_warns_when_two_runs_in_one_precision_disagree():
+    # a busy machine once showed 'AMP on' at 263.7 ms and 'auto' (the same bf16 mixed) at 14.0 ms an epoch
+    from ampnet.__main__ import _timing_note
+
+    rows = [("float32 (AMP off)", "float32", "0.97", "35.6", "0", ""),
+            ("AMP on, amp_dtype='auto'", "bfloat16 (mixed)", "0.97", "263.7", "0", ""),
+            ("amp_enabled='auto'", "bfloat16 (mixed)", "0.97", "14.0", "0", "")]
+    note = _timing_note(rows)
+    assert note.startswith("Note: 'amp_enabled='auto'' and 'AMP on, amp_dtype='auto'' both trained in "
+                           "bfloat16 (mixed), yet took 14.0 and 263.7 ms per epoch")
+    assert "OMP_NUM_THREADS=1" in note
+    steady = [rows[0], rows[1][:3] + ("17.1",) + rows[1][4:], rows[2][:3] + ("17.3",) + rows[2][4:]]
+    assert _timing_note(steady) is None
