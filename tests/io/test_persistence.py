@@ -10,7 +10,6 @@ import os
 import pickle
 import random
 import re
-import warnings
 from pathlib import Path
 
 import joblib
@@ -29,9 +28,9 @@ from ampnet.io.atomic import JOURNAL_NAME, TEMP_SUFFIX, recover
 from ampnet.callbacks.checkpoint import Checkpoint, LoadInitState, TrainEndCheckpoint
 from ampnet.exceptions import AmpWarning
 from ampnet.io.rng import get_rng_state
+from checkpoint_helpers import quietly
 from resume_script import Tiny, differences, make_data
 
-NOTICES = "float16 autocast on CPU|this CPU has no native bfloat16"
 PRECISIONS = {
     "fp16": dict(amp_enabled=True, amp_dtype="float16"),
     "bf16": dict(amp_enabled=True, amp_dtype="bfloat16"),
@@ -49,13 +48,6 @@ def tiny_net(precision="fp16", **kwargs):
     )
     params.update(kwargs)
     return AmpNetClassifier(Tiny, **params)
-
-
-def quietly(fn, *args, **kwargs):
-    """Run ``fn`` ignoring only the slow-CPU notices of a fit."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=NOTICES, category=AmpWarning)
-        return fn(*args, **kwargs)
 
 
 def snapshot(net):
