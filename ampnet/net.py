@@ -48,7 +48,7 @@ from ampnet.serving.conversion import ConversionMixin
 from ampnet.diagnostics.reports import ReportsMixin
 from ampnet.io.persistence import PersistenceMixin
 from ampnet.training.parallel import Parallel
-from ampnet.config.params import is_auto
+from ampnet.config.params import PARSED_ATTRIBUTE, is_auto, is_parsed_name
 from ampnet.precision import GradScaler, PrecisionLayout, PrecisionPolicy, autocast_dtype_error, kernel_defaults
 
 __all__ = ["AmpNetMixin", "AmpNet", "AmpNetClassifier", "AmpNetRegressor", "AmpNetBinaryClassifier"]
@@ -131,6 +131,24 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin, ReportsMixin):
                 f"{type(self).__name__} has no 'amp_autotune_': it is the record of amp_enabled='auto''s choice, "
                 f"set by the first fit of a net with amp_enabled='auto' (this one has "
                 f"amp_enabled={self.__dict__.get('amp_enabled')!r}).") from None
+
+    @amp_autotune_.setter
+    def amp_autotune_(self, result: auto.AutotuneResult) -> None:
+        self.__dict__["amp_autotune_"] = result
+
+    @amp_autotune_.deleter
+    def amp_autotune_(self) -> None:
+        try:
+            del self.__dict__["amp_autotune_"]
+        except KeyError:
+            raise AttributeError("amp_autotune_") from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # a parameter set by plain assignment (net.amp_dtype = ...), as scikit-learn allows: the parse
+        # that initialize() and set_params made no longer holds, and the next reader parses afresh
+        if is_parsed_name(name):
+            self.__dict__.pop(PARSED_ATTRIBUTE, None)
+        super().__setattr__(name, value)
 
     def _component(self, name: str) -> Any:
         try:

@@ -35,7 +35,7 @@ from ampnet.utils.hints import named_with_hints
 __all__ = [
     "Param", "PARAMS", "REBUILDS", "INT_MAX", "check", "check_all", "unreadable", "check_names", "is_auto",
     "rebuilds", "auto_inputs", "constructor_defaults", "amp_only", "pending_params", "CHOICE_PARAMS", "MODULE_PARAMS", "ParsedParams", "PARSED_ATTRIBUTE",
-    "parsed", "markdown_table",
+    "parsed", "is_parsed_name", "markdown_table",
     "NOTHING", "LIVE_SCALER", "SCALER", "STEP", "PRECISION", "LAYOUT", "PARALLEL",
 ]
 
@@ -493,6 +493,12 @@ class ParsedParams(Mapping[str, Any]):
 
 #: The attribute under which a net keeps its :class:`ParsedParams`.
 PARSED_ATTRIBUTE = "amp_params_"
+
+
+def is_parsed_name(name: str) -> bool:
+    """Whether ``name`` is one of the parameters a :class:`ParsedParams`
+    holds (the constructor's AMP parameters, ``device``, ``grad_scaler__*``)."""
+    return (name in PARAMS and "__" not in name) or name.startswith("grad_scaler__")
 
 
 def parsed(net: Any, name: str) -> Any:

@@ -35,7 +35,8 @@ from ampnet.training.parallel import build_parallel, rebuild_parallel
 from ampnet.utils.hints import close_names
 from ampnet.config.params import (
     LAYOUT, LIVE_SCALER, MODULE_PARAMS, NOTHING, PARALLEL, PARAMS, PARSED_ATTRIBUTE, SCALER, ParsedParams,
-    auto_inputs, check, check_all, check_names, constructor_defaults, is_auto, parsed, pending_params, rebuilds,
+    auto_inputs, check, check_all, check_names, constructor_defaults, is_auto, is_parsed_name, parsed, pending_params,
+    rebuilds,
 )
 from ampnet.precision import (
     COMPENSATION_KEY, GradScaler, Precision, PrecisionSettings, build_scaler, build_settings, compensation_of,
@@ -71,10 +72,6 @@ def _own_params(net: "AmpNetMixin") -> dict[str, Any]:
     return params
 
 
-def _is_own(name: str) -> bool:
-    return name in PARAMS and "__" not in name or name.startswith("grad_scaler__")
-
-
 def parse(net: "AmpNetMixin", changes: Mapping[str, Any] | None = None, fresh: bool = False) -> ParsedParams:
     """The net's AMP parameters after ``changes``, each checked once: the
     parse the net holds (``fresh``: its raw values, parsed now) with the
@@ -87,7 +84,7 @@ def parse(net: "AmpNetMixin", changes: Mapping[str, Any] | None = None, fresh: b
     """
     held = None if fresh else net.__dict__.get(PARSED_ATTRIBUTE)
     values = dict(held) if held is not None else check_all(_own_params(net))
-    values.update(check_all({k: v for k, v in (changes or {}).items() if _is_own(k)}))
+    values.update(check_all({k: v for k, v in (changes or {}).items() if is_parsed_name(k)}))
     return ParsedParams(values)
 
 
@@ -314,7 +311,7 @@ def plan_change(net: "AmpNetMixin", kwargs: dict[str, Any]) -> Change:
         return Change("store", kwargs, own, others)
     if not others and rebuilds(kwargs) <= {LIVE_SCALER, NOTHING} and _takes_live(net.precision_.scaler, _live(own)):
         _check_live(net, own)  # the one check of these values
-        values = ParsedParams({**parse(net), **{k: v for k, v in own.items() if _is_own(k)}})
+        values = ParsedParams({**parse(net), **{k: v for k, v in own.items() if is_parsed_name(k)}})
         return Change("live", kwargs, own, {}, values=values)
     values = parse(net, kwargs)
     params = checked_params(net, kwargs, values)

@@ -63,6 +63,11 @@ def scaling_enabled(policy: PrecisionPolicy, scaler_params: Mapping[str, Any]) -
     return policy.uses_scaler if forced is None else bool(forced)
 
 
+#: The parameters :func:`build_settings` reads.
+_REQUIRED = ("amp_enabled", "amp_dtype", "device", "amp_level", "amp_master_weights", "amp_fp32_modules",
+             "amp_modules", "memory_format", "amp_skip_nonfinite", "grad_scaler")
+
+
 def build_settings(params: Mapping[str, Any]) -> PrecisionSettings:
     """The :class:`PrecisionSettings` of ``params``: every AMP constructor
     parameter of a net, ``device`` and its ``grad_scaler__*`` settings, as
@@ -72,10 +77,18 @@ def build_settings(params: Mapping[str, Any]) -> PrecisionSettings:
 
     Raises
     ------
+    TypeError
+      A parameter missing from ``params``, naming it.
     TypeError, ValueError
       For the first invalid combination, naming the parameters, the values,
       the valid choices and a fix.
     """
+    missing = [name for name in _REQUIRED if name not in params]
+    if missing:
+        raise TypeError(
+            f"build_settings needs every precision parameter; missing: {', '.join(missing)}. Fix: pass a net's "
+            "parameters as parsed (ampnet.config.reconfigure.parse), or the parameter table's defaults "
+            "(ampnet.config.params.constructor_defaults()) with device added.")
     skip = params["amp_skip_nonfinite"]
     scaler = params["grad_scaler"]
     policy = resolve_precision(

@@ -501,3 +501,17 @@ def test_amp_autotune_on_a_net_that_is_not_auto_says_what_it_is():
                                              r"\(this one has amp_enabled=True\)"):
         net.amp_autotune_
     assert not hasattr(net, "amp_autotune_") and "amp_autotune_" not in vars(net)
+
+
+def test_amp_autotune_can_be_copied_onto_another_net_and_deleted(data):
+    X, y = data
+    first = AmpNetClassifier(Logits, criterion=torch.nn.CrossEntropyLoss, amp_enabled="auto",
+                             amp_autotune__cache=False, max_epochs=1, train_split=None, verbose=0).fit(X, y)
+    second = AmpNetClassifier(Logits, amp_enabled="auto", amp_autotune__cache=False, max_epochs=1,
+                              train_split=None, verbose=0)
+    second.amp_autotune_ = first.amp_autotune_
+    assert vars(second)["amp_autotune_"] is first.amp_autotune_
+    del second.amp_autotune_
+    assert not hasattr(second, "amp_autotune_")
+    with pytest.raises(AttributeError):
+        del second.amp_autotune_

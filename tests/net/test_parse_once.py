@@ -73,3 +73,25 @@ def test_lists_and_defaults_come_from_one_place():
         "amp_enabled": False, "amp_dtype": PARAMS["amp_dtype"].default, "amp_level": PARAMS["amp_level"].default,
         "amp_master_weights": PARAMS["amp_master_weights"].default, "memory_format": "channels_last"}
     assert all(params.LAYOUT in PARAMS[name].rebuilds for name in MODULE_PARAMS)
+
+
+def test_a_parameter_assigned_directly_is_parsed_afresh(data):
+    # scikit-learn allows net.amp_dtype = ...; the next set_params builds from it, not from an old parse
+    X, y = data
+    net = AmpNetClassifier(MLP, amp_enabled=True, amp_dtype="bfloat16", max_epochs=1, train_split=None,
+                           verbose=0).fit(X, y)
+    assert net.amp_params_["amp_dtype"] == "bfloat16"
+    net.amp_dtype = "float16"
+    assert "amp_params_" not in vars(net)
+    net.set_params(amp_enabled=True)
+    assert net.get_params()["amp_dtype"] == "float16" and net.precision_policy_.name == "float16 (mixed)"
+    assert net.amp_params_["amp_dtype"] == "float16"
+    net.lr = 0.3  # not an AMP parameter: the parse stands
+    assert net.amp_params_["amp_dtype"] == "float16"
+
+
+def test_build_settings_names_what_it_is_missing():
+    from ampnet.precision import build_settings
+
+    with pytest.raises(TypeError, match=r"missing: device, amp_level, amp_master_weights, amp_fp32_modules"):
+        build_settings({"amp_enabled": True, "amp_dtype": "bfloat16"})
