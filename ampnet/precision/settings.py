@@ -63,11 +63,6 @@ def scaling_enabled(policy: PrecisionPolicy, scaler_params: Mapping[str, Any]) -
     return policy.uses_scaler if forced is None else bool(forced)
 
 
-#: The parameters :func:`build_settings` reads.
-_REQUIRED = ("amp_enabled", "amp_dtype", "device", "amp_level", "amp_master_weights", "amp_fp32_modules",
-             "amp_modules", "memory_format", "amp_skip_nonfinite", "grad_scaler")
-
-
 def build_settings(params: Mapping[str, Any]) -> PrecisionSettings:
     """The :class:`PrecisionSettings` of ``params``: every AMP constructor
     parameter of a net, ``device`` and its ``grad_scaler__*`` settings, as
@@ -83,21 +78,16 @@ def build_settings(params: Mapping[str, Any]) -> PrecisionSettings:
       For the first invalid combination, naming the parameters, the values,
       the valid choices and a fix.
     """
-    missing = [name for name in _REQUIRED if name not in params]
-    if missing:
+    try:
+        skip, scaler, masters = params["amp_skip_nonfinite"], params["grad_scaler"], params["amp_master_weights"]
+        memory_format, fp32_modules, amp_modules = (
+            params["memory_format"], params["amp_fp32_modules"], params["amp_modules"])
+        policy = resolve_precision(params["amp_enabled"], params["amp_dtype"], params["device"], params["amp_level"])
+    except KeyError as exc:
         raise TypeError(
-            f"build_settings needs every precision parameter; missing: {', '.join(missing)}. Fix: pass a net's "
-            "parameters as parsed (ampnet.config.reconfigure.parse), or the parameter table's defaults "
-            "(ampnet.config.params.constructor_defaults()) with device added.")
-    skip = params["amp_skip_nonfinite"]
-    scaler = params["grad_scaler"]
-    policy = resolve_precision(
-        params["amp_enabled"],
-        params["amp_dtype"],
-        params["device"],
-        params["amp_level"],
-    )
-    masters = params["amp_master_weights"]
+            f"build_settings needs every precision parameter of a net; {exc.args[0]!r} is missing. Fix: pass a "
+            "net's parameters as parsed (ampnet.config.reconfigure.parse), or the parameter table's defaults "
+            "(ampnet.config.params.constructor_defaults()) with device added.") from None
     compensated = isinstance(masters, str) and masters == "compensated"
     if compensated and not (policy.enabled and policy.level == "pure"):
         raise ValueError(
@@ -107,7 +97,6 @@ def build_settings(params: Mapping[str, Any]) -> PrecisionSettings:
             "of weights stored in low precision, and only 'pure' stores them so. Fix: "
             "set amp_enabled=True and amp_level='pure', or amp_master_weights=True."
         )
-    memory_format = params["memory_format"]
     scaler_params = _scaler_params(scaler, params)
     if scaler_params.get("enabled") and not policy.enabled:
         raise ValueError(
@@ -119,8 +108,8 @@ def build_settings(params: Mapping[str, Any]) -> PrecisionSettings:
         policy=policy,
         master_weights=bool(masters) and not compensated,
         compensated=compensated,
-        fp32_modules=params["amp_fp32_modules"],
-        amp_modules=params["amp_modules"],
+        fp32_modules=fp32_modules,
+        amp_modules=amp_modules,
         memory_format=memory_format,
         skip_nonfinite=bool(skip),
         scaler=scaler,
