@@ -16,7 +16,7 @@ import torch
 from ampnet import AmpNetClassifier, AmpWarning
 from ampnet.auto.saved import ENABLED_KEY
 from ampnet.checkpoint import Checkpoint, LoadInitState
-from test_autotune import BF16_MIXED, FLOAT32, Timer, fit, kw  # the auto test module's helpers (one copy)
+from test_autotune import BF16_MIXED, Timer, fit, kw  # the auto test module's helpers (one copy)
 from conftest import Logits
 
 
@@ -125,8 +125,9 @@ MALFORMED = {
 }
 
 
-@pytest.mark.parametrize("choice, problem", MALFORMED.values(), ids=MALFORMED.keys())
-def test_a_malformed_choice_is_ignored_with_a_warning_naming_the_file(data, native_bf16, tmp_path, choice, problem):
+def _load_with_choice(data, tmp_path, choice):
+    """A saved parameters file whose auto choice is ``choice``, loaded into a fresh 'auto' net: the net
+    that saved it, the file's path, the net that loaded it and the AmpWarnings of the load."""
     saver = fit(data, max_epochs=1, amp_autotune__timer=Timer())
     path = tmp_path / "params.pt"
     saver.save_params(f_params=path)
@@ -134,6 +135,12 @@ def test_a_malformed_choice_is_ignored_with_a_warning_naming_the_file(data, nati
     net = AmpNetClassifier(**kw(max_epochs=1, amp_autotune__cache=False, amp_autotune__timer=Timer())).initialize()
     with pytest.warns(AmpWarning) as record:
         net.load_params(f_params=path)
+    return saver, path, net, record
+
+
+@pytest.mark.parametrize("choice, problem", MALFORMED.values(), ids=MALFORMED.keys())
+def test_a_malformed_choice_is_ignored_with_a_warning_naming_the_file(data, native_bf16, tmp_path, choice, problem):
+    saver, path, net, record = _load_with_choice(data, tmp_path, choice)
     refusals = [m for m in amp_messages(record) if str(path) in m]
     assert refusals and "ignored" in refusals[0] and problem in refusals[0], amp_messages(record)
     assert "amp_autotune_" not in vars(net) and not net.precision_policy_.enabled  # as it was
@@ -169,13 +176,7 @@ def test_a_hostile_choice_in_a_checkpoint_is_refused_naming_the_file(data, nativ
 
 @pytest.mark.parametrize("choice", HOSTILE, ids=["float8", "float16-compensated-adam"])
 def test_a_hostile_choice_is_refused_by_load_params(data, native_bf16, tmp_path, choice):
-    saver = fit(data, max_epochs=1, amp_autotune__timer=Timer())
-    path = tmp_path / "params.pt"
-    saver.save_params(f_params=path)
-    write_choice(path, choice)
-    net = AmpNetClassifier(**kw(max_epochs=1, amp_autotune__cache=False, amp_autotune__timer=Timer())).initialize()
-    with pytest.warns(AmpWarning) as record:
-        net.load_params(f_params=path)
+    saver, path, net, record = _load_with_choice(data, tmp_path, choice)
     assert any(str(path) in m and "ignored" in m for m in amp_messages(record))
     assert "amp_autotune_" not in vars(net) and not net.precision_policy_.enabled  # as it was
     for a, b in zip(saver.module_.parameters(), net.module_.parameters()):
