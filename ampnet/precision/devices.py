@@ -81,11 +81,11 @@ def check_device(device: Any, name: str = "device") -> None:
     on this machine.
 
     Accepted: ``None`` (skorch's "leave the module where it is"), strings
-    (also those that are not torch devices: skorch hands them to ``.to()``,
-    which a custom module may accept; with AMP on,
-    :func:`ampnet.precision.policy.resolve_precision` refuses them),
-    ``torch.device`` objects and ints >= 0 (an accelerator index), where the
-    device exists or torch cannot tell.
+    that ``torch.device`` reads, ``torch.device`` objects and ints >= 0 (an
+    accelerator index), where the device exists or torch cannot tell. A
+    string torch does not read (``'gpu'``) is refused here, AMP on or off:
+    skorch would hand it to the module's ``.to()``, which raises torch's
+    ``RuntimeError`` at ``initialize()``, after ``set_params`` had taken it.
 
     Parameters
     ----------
@@ -128,9 +128,9 @@ def check_device(device: Any, name: str = "device") -> None:
             # an accelerator index where this torch has no accelerator at all (a CPU-only
             # build refuses torch.device(0)): the missing device's own error, as for 'cuda:0'
             raise _unavailable(name, device, "cuda") from None
-        # not a torch device string: skorch passes it to .to(), which custom
-        # modules may accept; with AMP on, resolve_precision refuses it
-        return
+        raise ValueError(
+            f"{name} must be a torch device such as 'cpu', 'cuda', 'cuda:1' or 'mps'; got {describe(device)}. "
+            f"{_FIX}") from None
     shown = describe(device)
     if dev.type == "meta":
         raise ValueError(

@@ -57,8 +57,9 @@ def test_missing_device_is_a_clear_error_amp_on_or_off(device, message, amp):
 def test_device_that_is_not_a_device():
     with pytest.raises(ValueError, match=r"device must be a torch device .*got 'gpu' \(str\)"):
         AmpNetClassifier(Tiny, device="gpu", amp_enabled=True).initialize()
-    # with AMP off it goes to .to(), as in skorch (a custom module may accept it)
-    check_device("foo")
+    # AMP off too: torch does not read it, and the module's .to() would raise at initialize()
+    with pytest.raises(ValueError, match=r"device must be a torch device .*got 'foo' \(str\)"):
+        check_device("foo")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -165,3 +166,16 @@ def test_unavailable_backends_get_ampnets_value_error(device):
         match=rf"device='{device}', but .* is not available on this machine .*Fix: device='cpu'",
     ):
         tiny_net(device=device, amp_dtype="auto").initialize()
+
+
+@pytest.mark.parametrize("amp_enabled", [False, True])
+def test_a_string_torch_does_not_read_is_refused_amp_on_or_off(amp_enabled):
+    # with AMP off it once passed the check and reached the module's .to() at initialize(), which
+    # raised torch's RuntimeError (a set_params on a fitted net had taken it without a word)
+    net = AmpNetClassifier(Tiny, device="gpu", amp_enabled=amp_enabled)
+    with pytest.raises(ValueError, match=r"device must be a torch device such as 'cpu'.*got 'gpu' \(str\)\. Fix:"):
+        net.initialize()
+    fitted = AmpNetClassifier(Tiny, amp_enabled=amp_enabled, max_epochs=1, train_split=None, verbose=0).initialize()
+    with pytest.raises(ValueError, match=r"device must be a torch device"):
+        fitted.set_params(device="gpu", amp_enabled=False)
+    assert fitted.device == "cpu"
