@@ -48,8 +48,11 @@ from ampnet.serving.conversion import ConversionMixin
 from ampnet.diagnostics.reports import ReportsMixin
 from ampnet.io.persistence import PersistenceMixin
 from ampnet.training.parallel import Parallel
-from ampnet.config.params import PARSED_ATTRIBUTE, is_auto, is_parsed_name
-from ampnet.precision import GradScaler, PrecisionLayout, PrecisionPolicy, autocast_dtype_error, kernel_defaults
+from ampnet.config.params import PARSED_ATTRIBUTE, constructor_defaults, is_auto, is_parsed_name, parsed
+from ampnet.training.batches import array_batches
+from ampnet.training.records import DeferredHistory
+from ampnet.training.step import all_training
+from ampnet.precision import NO_CONTEXT, GradScaler, PrecisionLayout, PrecisionPolicy, autocast_dtype_error, kernel_defaults
 
 __all__ = ["AmpNetMixin", "AmpNet", "AmpNetClassifier", "AmpNetRegressor", "AmpNetBinaryClassifier"]
 
@@ -81,6 +84,8 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin, ReportsMixin):
         gradient_accumulation_steps: int = 1,
         amp_max_consecutive_skips: int | None = 50,
         amp_skip_nonfinite: bool = True,
+        batch_gather: bool = True,
+        data_on_device: bool | str | int = "auto",
         distributed: Any = "auto",
         **kwargs: Any,
     ) -> None:
@@ -95,6 +100,8 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin, ReportsMixin):
         self.gradient_accumulation_steps = gradient_accumulation_steps
         self.amp_max_consecutive_skips = amp_max_consecutive_skips
         self.amp_skip_nonfinite = amp_skip_nonfinite
+        self.batch_gather = batch_gather
+        self.data_on_device = data_on_device
         self.distributed = distributed
         super().__init__(*args, **kwargs)
 
@@ -265,14 +272,29 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin, ReportsMixin):
         return super().forward_iter(prepare_input(self, X), training=training, device=device)
 
     def get_iterator(self, dataset, training=False):
+        """skorch's iterator; for array data with skorch's ``Dataset`` and
+        torch's ``DataLoader``, the same batches gathered with one index
+        (``batch_gather``: :func:`ampnet.training.batches.array_batches`)."""
         parallel = self.__dict__.get("parallel_")
         iterator = parallel.iterator(self, dataset, training) if parallel is not None else None
+        if iterator is None and parsed(self, "batch_gather"):
+            state = self.__dict__.get("amp_step_state_")
+            iterator = array_batches(self, dataset, training, state.sources if state is not None else None)
         return iterator if iterator is not None else super().get_iterator(dataset, training=training)
 
     def run_single_epoch(self, iterator, training, prefix, step_fn, **fit_params):
-        if training and iterator is not None and self.gradient_accumulation_steps > 1:
-            iterator = steps.flag_last(iterator, self.amp_step_state_)
-        return super().run_single_epoch(iterator, training, prefix, step_fn, **fit_params)
+        """skorch's loop over an epoch's batches, with no host read per batch
+        (:func:`ampnet.training.step.run_epoch`)."""
+        steps.run_epoch(self, iterator, training, prefix, step_fn, **fit_params)
+
+    def initialize_history(self):
+        """skorch's history, as a :class:`ampnet.training.records.DeferredHistory`
+        (the same rows; values still on the device are written before any read)."""
+        if self.history_ is None:
+            self.history_ = DeferredHistory()
+        else:
+            self.history_.clear()
+        return self
 
     @property
     def _default_callbacks(self):
@@ -289,13 +311,23 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin, ReportsMixin):
         return auto.train_step(self, steps.train_step, batch, **fit_params)
 
     def train_step_single(self, batch: Any, **fit_params: Any) -> dict[str, Any]:
-        """Forward and loss in the precision context, then :meth:`backward`."""
+        """Forward and loss in one precision context, then :meth:`backward`."""
         self._set_training(True)
         Xi, yi = unpack_data(batch)
-        y_pred = self.infer(Xi, **fit_params)
-        loss = self.get_loss(y_pred, yi, X=Xi, training=True)
+        with self.precision_.forward_context():  # infer and get_loss find it entered
+            y_pred = self.infer(Xi, **fit_params)
+            loss = self.get_loss(y_pred, yi, X=Xi, training=True)
         self.backward(loss)
         return {"loss": loss, "y_pred": y_pred}
+
+    def _set_training(self, training: bool = True) -> None:
+        """skorch's: training or evaluation mode on every module and
+        criterion; a step whose modules (and all their submodules) are in
+        training mode already calls no ``train()`` (skorch calls it every
+        step: the same modes, where ``train()`` sets only the mode)."""
+        if training and all_training(self):
+            return
+        super()._set_training(training)
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backpropagate ``loss``: scaled when loss scaling is active and
@@ -375,14 +407,17 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin, ReportsMixin):
         x = prec.convert_input(x, self.__dict__.get("module_"), self.device)
         if not prec.enabled and parallel.ddp is None:
             return super().infer(x, **fit_params)
-        with prec.forward_context(), parallel.forward_module(self):
-            try:
+        context = prec.forward_context()
+        try:
+            if context is NO_CONTEXT and parallel.ddp is None:  # inside a training step's context
                 return prec.convert_output(super().infer(x, **fit_params))
-            except RuntimeError as exc:
-                error = autocast_dtype_error(exc, x, self.__dict__.get("module_"), prec.policy.name)
-                if prec.enabled and error is not None:
-                    raise error from exc
-                raise
+            with context, parallel.forward_module(self):
+                return prec.convert_output(super().infer(x, **fit_params))
+        except RuntimeError as exc:
+            error = autocast_dtype_error(exc, x, self.__dict__.get("module_"), prec.policy.name)
+            if prec.enabled and error is not None:
+                raise error from exc
+            raise
 
     def predict_proba(self, X):
         """skorch's ``predict_proba``; for a classifier whose softmax ran in
@@ -400,9 +435,14 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin, ReportsMixin):
         if training and state is not None and state.check_loss_inputs:
             state.check_loss_inputs = False
             state.not_probabilities = check_loss_inputs(self, y_pred, y_true)
-        with self.precision_.forward_context():
+        context = self.precision_.forward_context()
+        if context is NO_CONTEXT:  # AMP off, or inside a training step's context
             loss = super().get_loss(y_pred, y_true, X=X, training=training)
-        check_loss_value(self, loss)
+        else:
+            with context:
+                loss = super().get_loss(y_pred, y_true, X=X, training=training)
+        if not (type(loss) is torch.Tensor and loss.is_floating_point()):
+            check_loss_value(self, loss)
         return loss
 
     # ---- epochs and callbacks -------------------------------------------
@@ -423,6 +463,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin, ReportsMixin):
 
     def on_train_end(self, net, X=None, y=None, **kwargs):
         super().on_train_end(net, X=X, y=y, **kwargs)
+        steps.end_fit(self)
         auto.end_fit(self)
         message = nonfinite_loss_message(self)  # the last epoch's training loss is NaN/inf
         if message:
@@ -430,14 +471,20 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin, ReportsMixin):
 
     def notify(self, method_name: str, **cb_kwargs: Any) -> None:
         getattr(self, method_name)(self, **cb_kwargs)
+        state = self.__dict__.get("amp_step_state_")
         parallel = self.__dict__.get("parallel_")
+        listeners = state.listeners.get(method_name) if state is not None and state.listeners else None
+        if listeners is not None and not state.batch_schedulers and (parallel is None or parallel.ddp is None):
+            for cb in listeners:  # a batch event with nothing held, in one process: only who acts on it
+                getattr(cb, method_name)(self, **cb_kwargs)
+            return
         held: list = []
-        if "amp_step_state_" in self.__dict__:
+        if state is not None:
             held = steps.held_callbacks(self, method_name, cb_kwargs)
-        if parallel is not None:
+        if parallel is not None and parallel.ddp is not None:
             held = held + parallel.held_callbacks(self)
             cb_kwargs = parallel.callback_kwargs(method_name, cb_kwargs)
-        for _, cb in self.callbacks_:
+        for cb in (listeners if listeners is not None else [cb for _, cb in self.callbacks_]):
             if held and any(cb is h for h in held):
                 continue
             getattr(cb, method_name)(self, **cb_kwargs)
@@ -463,6 +510,10 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin, ReportsMixin):
         return state
 
     def __setstate__(self, state):
+        # a net pickled by an older ampnet lacks the parameters added since: their defaults
+        for name, default in constructor_defaults().items():
+            if name not in state:
+                state[name] = default
         super().__setstate__(state)
         # a net pickled on a GPU and loaded where there is none runs on the
         # CPU: its scaler and regions follow

@@ -107,6 +107,25 @@ AMP_DOC = """
       to optimizers outside ``torch.optim`` whose ``step`` takes an optional
       closure (an AmpWarning says so).
 
+    batch_gather : bool (default=True)
+      Where ``X`` and ``y`` are numpy arrays, torch tensors or dicts of
+      them, and the net uses skorch's ``Dataset`` and torch's ``DataLoader``
+      (``iterator_train__batch_size``, ``__shuffle``, ``__generator`` and
+      ``__drop_last`` set as you like), gather each batch with one index
+      per array instead of the ``DataLoader``'s row-by-row indexing and
+      collation: the same batches, in the same order, from the same random
+      streams (``ampnet.training.batches``). False: skorch's
+      ``DataLoader``.
+
+    data_on_device : bool, 'auto' or int (default='auto')
+      On a CUDA device, with ``batch_gather``'s array path: ``'auto'`` moves
+      the arrays to the device once per fit when they take at most a
+      quarter of its free memory, and gathers each batch there (no copy,
+      no host sync per batch); True always, an int when they take at most
+      that many bytes; otherwise, and with False, each batch is gathered
+      into pinned memory and copied ``non_blocking``, one batch ahead.
+      Callbacks then receive batches on the device. No effect on a CPU.
+
     distributed : 'auto' or bool (default='auto')
       Data-parallel training with ``torch.distributed``: with an
       initialized process group (``'auto'``) or ``True``, the training

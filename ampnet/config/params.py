@@ -228,6 +228,16 @@ def _device(value: Any) -> Any:
     return value
 
 
+def _data_on_device(value: Any) -> Any:
+    fix = ("data_on_device='auto' (on a CUDA device when the arrays take at most a quarter of its free "
+           "memory), True, False (each batch copied from pinned memory), or a cap in bytes such as 2**30.")
+    if is_bool(value) or isinstance(value, str):
+        return _choice("data_on_device", (True, False, "auto"), fix)(value)
+    if isinstance(value, Integral) and 0 <= int(value) <= INT_MAX:
+        return int(value)
+    raise _refuse("data_on_device", value, "True, False, 'auto' or an int >= 0 (bytes)", fix)
+
+
 def _bool(name: str, fix: str) -> Callable[[Any], Any]:
     return _choice(name, (True, False), fix)
 
@@ -276,6 +286,13 @@ _ROWS = [
     _row("amp_skip_nonfinite", True,
          _bool("amp_skip_nonfinite", "amp_skip_nonfinite=True (skip steps with NaN/inf gradients) or False."),
          (PRECISION, STEP), doc="skip optimizer steps whose gradients hold NaN/inf"),
+    _row("batch_gather", True,
+         _bool("batch_gather", "batch_gather=True (each batch of array data gathered with one index) or False "
+               "(skorch's DataLoader, row by row)."),
+         (NOTHING,), doc="array data: each batch gathered with one index, in the DataLoader's order (False: "
+                         "skorch's DataLoader)"),
+    _row("data_on_device", "auto", _data_on_device, (NOTHING,),
+         doc="CUDA, array data: 'auto' (the arrays on the device when they fit), True, False, or a cap in bytes"),
     _row("distributed", "auto",
          _choice("distributed", ("auto", True, False),
                  "distributed='auto' (on when a torch.distributed process group is initialized), True or False."),

@@ -17,7 +17,7 @@ from ampnet.precision.compensated import compensation_of, drop_compensation
 from ampnet.precision.compensated import FLOAT16_SAFE as FLOAT16_SAFE_COMPENSATED
 from ampnet.precision.compensated import SUPPORTED as SUPPORTED_COMPENSATED
 from ampnet.precision.checks import grads_by_device_dtype
-from ampnet.precision.component import Precision, build_scaler, module_root
+from ampnet.precision.component import NO_CONTEXT, Precision, build_scaler, module_root
 from ampnet.precision.devices import check_device
 from ampnet.precision.inputs import autocast_dtype_error
 from ampnet.precision.kernels import keep_kernels, kernel_defaults, kernels_differ, set_kernels, user_chose_kernel
@@ -34,6 +34,7 @@ from ampnet.precision.selectors import parse_selectors
 from ampnet.precision.settings import PrecisionSettings, build_settings, init_param_names
 
 __all__ = [
+    "NO_CONTEXT",
     # public API
     "GradScaler",
     "MemoryReport",

@@ -55,17 +55,18 @@ def _through_float32(grads: list[torch.Tensor], found: torch.Tensor, inv_scale: 
 
 def _fused_check_pays(device: torch.device, grads: list[torch.Tensor]) -> bool:
     """Whether one fused check of ``grads`` beats one sum per tensor."""
-    numel = sum(g.numel() for g in grads)
+    numel = sum(map(torch.Tensor.numel, grads))
     if device.type == "cpu":
         return numel <= _CPU_SUM_MIN_PER_TENSOR * len(grads)
     return numel <= _FUSED_CHECK_MAX_NUMEL
 
 
 def _total(flags: list[torch.Tensor], device: torch.device | None) -> torch.Tensor:
-    """The sum of the per-group ``flags`` (a zero on ``device`` for none)."""
+    """The largest of the per-group ``flags`` (a zero on ``device`` for none)."""
     if not flags:
         return torch.zeros((), dtype=torch.float32, device=device)
-    return torch.stack(flags).sum() if len(flags) > 1 else flags[0]
+    # the largest, not the sum: a fused optimizer skips on a flag of exactly 1
+    return torch.stack(flags).amax() if len(flags) > 1 else flags[0]
 
 
 def grads_by_device_dtype(
@@ -86,9 +87,12 @@ def grads_by_device_dtype(
     return groups
 
 
-def nonfinite_grads(params: Iterable[torch.Tensor], device: torch.device | None = None) -> torch.Tensor:
+def nonfinite_grads(
+    params: Iterable[torch.Tensor], device: torch.device | None = None, one: torch.Tensor | None = None,
+) -> torch.Tensor:
     """A float32 scalar tensor, > 0 when a gradient of ``params`` holds NaN
-    or inf; computed on the device, without a host read.
+    or inf; computed on the device, without a host read (``one``: a float32
+    one on the gradients' device, to use instead of a new one).
 
     The gradients are left bitwise unchanged. Small gradient sets (on a
     CPU: sets of small tensors) are checked with torch's fused non-finite
@@ -100,13 +104,13 @@ def nonfinite_grads(params: Iterable[torch.Tensor], device: torch.device | None 
     flags = []
     for (dev, _), grads in groups.items():
         if _fused_check_pays(dev, grads):
-            found = torch.zeros((), dtype=torch.float32, device=dev)
-            one = torch.ones((), dtype=torch.float32, device=dev)
-            check_and_unscale_(grads, found, one, write=False)
+            unit = one if one is not None and one.device == dev else torch.ones((), dtype=torch.float32, device=dev)
+            found = unit.new_zeros(())
+            check_and_unscale_(grads, found, unit, write=False)
         else:
             sums = torch.stack([g.sum(dtype=torch.float32) for g in grads])
             found = (~sums.isfinite()).any().to(torch.float32)
-        flags.append(found if device is None else found.to(device, non_blocking=True))
+        flags.append(found if device is None or found.device == device else found.to(device, non_blocking=True))
     return _total(flags, device)
 
 

@@ -48,7 +48,7 @@ from ampnet.precision.selectors import AUTO, parse_selectors
 from ampnet.precision.settings import PrecisionSettings, init_param_names, scaling_enabled
 
 
-__all__ = ["Precision", "StepDecision", "module_root"]
+__all__ = ["Precision", "StepDecision", "module_root", "NO_CONTEXT"]
 
 
 class StepDecision(NamedTuple):
@@ -60,6 +60,9 @@ class StepDecision(NamedTuple):
     scale_before: float | None  # None: not read (torch's own scaler, no step skipped)
 
 
+#: A context that does nothing (reusable: ``contextlib.nullcontext`` keeps no state).
+NO_CONTEXT = contextlib.nullcontext()
+
 #: Output dtypes that convert_output casts to float32 under AMP.
 _TO_FLOAT32 = (*LOW_PRECISION_DTYPES, torch.float64)
 
@@ -67,6 +70,12 @@ _TO_FLOAT32 = (*LOW_PRECISION_DTYPES, torch.float64)
 def module_root(module: torch.nn.Module) -> torch.nn.Module:
     """The module that precision acts on (inside a ``torch.compile`` wrapper)."""
     return getattr(module, "_orig_mod", module)
+
+
+def _on_device(t: torch.Tensor, device: Any) -> bool:
+    """Whether ``t`` is on ``device`` (a device or its name; no index: any of its type)."""
+    device = torch.device(device) if not isinstance(device, torch.device) else device
+    return t.device.type == device.type and (device.index is None or t.device.index == device.index)
 
 
 def _channels_last(t: torch.Tensor) -> torch.Tensor:
@@ -353,34 +362,61 @@ class Precision:
 
     # ---- forward and loss --------------------------------------------------
 
+    def _current(self) -> tuple:
+        """``(settings, layout, enabled, device type, compute dtype, scoped,
+        channels_last)`` of the current settings and layout, read once per
+        change of either (the hooks of every batch read them)."""
+        cache = self.__dict__.get("_cache")
+        if cache is None or cache[0] is not self.settings or cache[1] is not self.layout:
+            policy, layout = self.settings.policy, self.layout
+            cache = (self.settings, layout, policy.enabled, policy.device_type, policy.compute_dtype,
+                     layout is not None and layout.scoped,
+                     layout is not None and layout.memory_format == "channels_last")
+            self.__dict__["_cache"] = cache
+        return cache
+
     def forward_context(self) -> contextlib.AbstractContextManager:
         """Autocast for the forward pass and the loss (off for the rest of
-        the model when only ``amp_modules`` run in low precision)."""
-        if not self.enabled or self.float32_step:
-            return contextlib.nullcontext()
-        if self.layout is not None and self.layout.scoped:
-            return torch.autocast(self.policy.device_type, enabled=False)
-        return torch.autocast(self.policy.device_type, dtype=self.policy.compute_dtype)
+        the model when only ``amp_modules`` run in low precision); nothing
+        where that context is entered already (a step's forward and loss)."""
+        _, _, enabled, device_type, dtype, scoped, _ = self._current()
+        if not enabled or self.float32_step:
+            return NO_CONTEXT
+        if scoped:
+            if not torch.is_autocast_enabled(device_type):
+                return NO_CONTEXT
+            return torch.autocast(device_type, enabled=False)
+        if torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type) == dtype:
+            return NO_CONTEXT
+        return torch.autocast(device_type, dtype=dtype)
 
     def convert_input(self, x: Any, module: Any, device: Any) -> Any:
         """float64 features to float32 (under AMP, and for a float32 module
         with AMP off); 4-D inputs to channels_last. Other inputs with AMP
         off are returned as they are, so that float32 training stays skorch's."""
-        if not self.enabled:
+        _, _, enabled, _, _, _, channels_last = self._current()
+        if not enabled:
             x = match_module_dtype(x, module, device)
-            if self.layout is None or self.layout.memory_format != "channels_last":
+            if not channels_last:
                 return x
+        elif type(x) is torch.Tensor and not channels_last and x.dtype != torch.float64 and (
+                device is None or (x.is_cpu if device == "cpu" else _on_device(x, device))):
+            return x  # a batch of the array path, on the device: nothing to convert
         x = to_tensor(x, device=device)
-        if self.enabled:
+        if enabled:
             x = cast_floating(x, torch.float32, only=(torch.float64,))
-        if self.layout is not None and self.layout.memory_format == "channels_last":
+        if channels_last:
             x = map_tensors(x, _channels_last)
         return x
 
     def convert_output(self, y: Any) -> Any:
         """Floating outputs to float32 under AMP (low precision, and float64
         from a module that computes in it)."""
-        return cast_floating(y, torch.float32, only=_TO_FLOAT32) if self.enabled else y
+        if not self._current()[2]:
+            return y
+        if type(y) is torch.Tensor:
+            return y.to(torch.float32) if y.dtype in _TO_FLOAT32 else y
+        return cast_floating(y, torch.float32, only=_TO_FLOAT32)
 
     # ---- backward and the step ---------------------------------------------
 
@@ -433,8 +469,20 @@ class Precision:
             return flags
         if not self.settings.skip_nonfinite:
             return None
-        device = next((p.grad.device for _, params in optimizers for p in params), None)
-        return [nonfinite_grads(params, device) for _, params in optimizers]
+        device = optimizers[0][1][0].grad.device if optimizers and optimizers[0][1] else None
+        one = self._one(device) if device is not None else None
+        flags = [nonfinite_grads(params, device, one) for _, params in optimizers]
+        for (optimizer, _), flag in zip(optimizers, flags):
+            self._found[id(optimizer)] = flag  # a fused optimizer skips on it, on the device
+        return flags
+
+    def _one(self, device: torch.device) -> torch.Tensor:
+        """A float32 one on ``device``, made once (the non-finite check's unit scale)."""
+        ones = self.__dict__.setdefault("_ones", {})
+        one = ones.get(device)
+        if one is None:
+            one = ones[device] = torch.ones((), dtype=torch.float32, device=device)
+        return one
 
     def decide(self, flags: list[torch.Tensor] | None, count: int) -> StepDecision:
         """The one host read of a step: the flags of ``count`` optimizers and,
@@ -467,7 +515,7 @@ class Precision:
         fused = found is not None and getattr(optimizer, "_step_supports_amp_scaling", False)
         if self.settings.compensated:
             return _compensated_step(optimizer, found if fused else None)
-        return _fused_flags(optimizer, found) if fused else contextlib.nullcontext()
+        return _fused_flags(optimizer, found) if fused else NO_CONTEXT
 
     def after_step(self, module: Any) -> None:
         """Refresh the low-precision weights from the masters."""
@@ -509,20 +557,29 @@ class Precision:
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_found"] = {}
+        state.pop("_cache", None)
+        state.pop("_ones", None)
         return state
 
     def __repr__(self) -> str:
         return f"<Precision: {self.policy.name}, loss scaling {'on' if self.scaling else 'off'}>"
 
 
-@contextlib.contextmanager
-def _fused_flags(optimizer: torch.optim.Optimizer, found: torch.Tensor) -> Iterator[None]:
-    optimizer.grad_scale = None  # already unscaled
-    optimizer.found_inf = found
-    try:
-        yield
-    finally:
-        del optimizer.grad_scale, optimizer.found_inf
+class _fused_flags:
+    """Around a fused optimizer's step: the overflow flag on the device, as
+    torch's own scaler passes it (the gradients already unscaled)."""
+
+    __slots__ = ("optimizer", "found")
+
+    def __init__(self, optimizer: torch.optim.Optimizer, found: torch.Tensor) -> None:
+        self.optimizer, self.found = optimizer, found
+
+    def __enter__(self) -> None:
+        self.optimizer.grad_scale = None  # already unscaled
+        self.optimizer.found_inf = self.found
+
+    def __exit__(self, *exc: Any) -> None:
+        del self.optimizer.grad_scale, self.optimizer.found_inf
 
 
 @contextlib.contextmanager

@@ -12,6 +12,8 @@ any-rank decision).
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import inspect
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
@@ -19,10 +21,14 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 import torch
 from skorch import NeuralNet
-from skorch.callbacks import LRScheduler, PassthroughScoring
+from skorch.callbacks import Callback, LRScheduler, PassthroughScoring
+from skorch.history import History
+from skorch.dataset import get_len
 from skorch.utils import TeeGenerator
 
 from ampnet.utils.tree import has_nonfinite, nonfinite_flag
+from ampnet.training.batches import ArrayBatches
+from ampnet.training.records import PENDING, BatchRecords, DeferredHistory, StepEntry, current_row
 from ampnet.exceptions import AmpDivergenceError, AmpStateError, amp_warn
 
 __all__ = [
@@ -32,7 +38,13 @@ __all__ = [
     "held_callbacks",
     "flag_last",
     "begin_fit",
+    "end_fit",
     "begin_epoch",
+    "run_epoch",
+    "finish_step",
+    "MAX_PENDING",
+    "listeners",
+    "all_training",
     "record_epoch",
     "SKIP_CAUSES",
     "skip_cause",
@@ -40,7 +52,9 @@ __all__ = [
     "default_callbacks",
 ]
 
-#: Parameters of the training step.
+#: Steps whose outcome may wait on the device before it is read (see ``ampnet.training.records``).
+MAX_PENDING = 1024
+
 #: The values of a skipped batch's ``skip_cause`` (see ``skip_cause``).
 SKIP_CAUSES = ("overflow", "nonfinite_input", "nonfinite_loss")
 
@@ -64,12 +78,28 @@ class StepState:
     stepped_batch: frozenset = field(default_factory=frozenset)
     stepped_epoch: set = field(default_factory=set)
     losses: list = field(default_factory=list)  # the group's losses, read only when its step is skipped
-    group_rows: list = field(default_factory=list)  # the epoch's batch rows of the current accumulation group
+    group_rows: list = field(default_factory=list)  # (index, row) of the current accumulation group's batches
+    group_sources: list = field(default_factory=list)  # (arrays, rows) of the group's batches (array path)
     skipped_rows: set = field(default_factory=set)  # the epoch's batch rows whose step was skipped (TrainLoss)
     recorder: Any = None  # ampnet.diagnostics.flight.FlightRecorder while an AmpMonitor watches the fit
     check_loss_inputs: bool = True  # the fit's first training batch is checked (output_checks)
     not_probabilities: bool = False  # that check warned: outputs are no probabilities under NLLLoss
     trial: Any = None  # ampnet.auto.trial.Trial while amp_enabled='auto' measures or watches its choice
+    records: Any = None  # ampnet.training.records.BatchRecords of the fit's current epoch loop
+    batch_schedulers: tuple = ()  # LRScheduler callbacks that step every batch (held on skipped steps)
+    defer: bool = False  # steps may leave their outcome on the device (ampnet.training.records)
+    sources: dict | None = None  # while fitting: the fit's arrays, by dataset (ampnet.training.batches)
+    batch_source: Any = None  # the ArrayBatches that yields the current epoch's batches, if any
+    listeners: dict | None = None  # while fitting: per batch event, the callbacks that act on it
+    modules: list | None = None  # during an epoch: the net's modules and all their submodules
+    row: Any = None  # during a batch of an epoch's loop: (index, row) of its history row
+
+    def __getstate__(self) -> dict[str, Any]:
+        # a fit's transient parts: pending device values, the arrays (on the device), the iterator
+        state = dict(self.__dict__)
+        state.update(records=None, sources=None, batch_source=None, group_sources=[], listeners=None,
+                     modules=None, row=None)
+        return state
 
 
 def train_step(net: Any, batch: Any, **fit_params: Any) -> dict[str, Any]:
@@ -80,41 +110,86 @@ def train_step(net: Any, batch: Any, **fit_params: Any) -> dict[str, Any]:
     3. backward of the scaled loss (``net.train_step_single``);
     4. at the step boundary: unscale once and check the gradients, on the device;
     5. ``on_grad_computed`` callbacks see the true gradients;
-    6. one host read decides; ``optimizer_step`` for each optimizer whose
-       gradients are finite;
-    7. one scaler update; ``loss_scale`` and ``step_skipped`` into the
-       history, and a skipped step's ``skip_cause`` (``skip_cause()``).
+    6. step each optimizer whose gradients are finite: on the device
+       (fused optimizers take the flag), or after one host read;
+    7. one scaler update; the step's outcome into the records
+       (:mod:`ampnet.training.records`): ``loss_scale``, ``step_skipped``
+       and a skipped step's ``skip_cause`` in the history, read from the
+       device when something reads the history, or at the epoch's end.
     """
-    prec, par, state = net.precision_, net.parallel_, net.amp_step_state_
+    state = net.amp_step_state_
     if state.closure:
-        step = NeuralNet.train_step(net, batch, **fit_params)  # skorch's closure path
-        state.stepped_batch = frozenset(net._optimizers)
-        state.stepped_epoch.update(net._optimizers)
-        return step
+        return _closure_step(net, state, batch, **fit_params)
     # 1. zero the gradients
     if state.micro_batches == 0:
         net._zero_grad_optimizer()
     boundary = state.micro_batches + 1 >= net.gradient_accumulation_steps or state.last_batch
     # 2.-3. forward, loss and scaled backward (no gradient all-reduce inside a group)
-    with par.no_sync(boundary):
+    step = _forward_backward(net, state, batch, boundary, fit_params)
+    if not boundary:
+        _inside_group(net, state, batch)
+        return step
+    # 4.-5.
+    active, flags = _check(net, state, batch)
+    # 6.-7.
+    if _deferred(net, state, active, flags):
+        _step_on_device(net, state, active, flags)
+    else:
+        _step_on_host(net, state, batch, fit_params, active, flags)
+    return step
+
+
+def _closure_step(net: Any, state: StepState, batch: Any, **fit_params: Any) -> dict[str, Any]:
+    """skorch's closure path (LBFGS): skorch's own step."""
+    step = NeuralNet.train_step(net, batch, **fit_params)
+    state.stepped_batch = frozenset(net._optimizers)
+    state.stepped_epoch.update(net._optimizers)
+    return step
+
+
+def _forward_backward(net: Any, state: StepState, batch: Any, boundary: bool, fit_params: dict) -> dict[str, Any]:
+    """Steps 2 and 3; the micro-batch joins its accumulation group: its
+    loss, its history row and, on the array path, its rows of the arrays."""
+    par = net.parallel_
+    if par.ddp is None:
         step = net.train_step_single(batch, **fit_params)
+        loss = step["loss"]
+    else:
+        with par.no_sync(boundary):
+            step = net.train_step_single(batch, **fit_params)
+        loss = par.mean(step["loss"])
+        step = dict(step, loss=loss)
     state.micro_batches += 1
-    step = dict(step, loss=par.mean(step["loss"]))
-    state.losses.append(step["loss"].detach())
-    row = _batch_row(net)
+    state.losses.append(loss.detach())
+    row = state.row if state.row is not None else current_row(net.history)
     if row is not None:
         state.group_rows.append(row)
-    if not boundary:
-        if prec.scaling or prec.settings.skip_nonfinite:
-            # bad data is told apart from an overflow when the step is skipped
-            flag = nonfinite_flag(batch)
-            if flag is not None:
-                state.bad_input = flag if state.bad_input is None else state.bad_input | flag
-        state.stepped_batch = frozenset()
-        _record(net, skipped=False, boundary=False)
-        return step
+        source = state.batch_source
+        rows = source.rows_of(batch) if source is not None else None
+        if rows is not None:
+            state.group_sources.append((source.source, rows))
+    return step
 
-    # 4. unscale once and check, on the device
+
+def _inside_group(net: Any, state: StepState, batch: Any) -> None:
+    """A micro-batch inside an accumulation group: no step; bad data is
+    told apart from an overflow when the group's step is skipped (from the
+    arrays then, on the array path)."""
+    prec = net.precision_
+    if (prec.scaling or prec.settings.skip_nonfinite) and not state.group_sources:
+        flag = nonfinite_flag(batch)
+        if flag is not None:
+            state.bad_input = flag if state.bad_input is None else state.bad_input | flag
+    state.stepped_batch = frozenset()
+    _record_rows(net, state, boundary=False)
+
+
+def _check(net: Any, state: StepState, batch: Any) -> tuple[list, list | None]:
+    """Step 4 and 5: the optimizers with gradients, and their flags (on the
+    device: one per optimizer, or None where nothing is checked); the
+    gradients are unscaled and, for a short last group, restored to the
+    group's mean; then ``on_grad_computed``."""
+    prec = net.precision_
     if prec.scaling and not getattr(prec.scaler, "scaled_in_step", True):
         raise AmpStateError(
             "Loss scaling is active, but no loss was scaled in this step: an "
@@ -123,8 +198,8 @@ def train_step(net: Any, batch: Any, **fit_params: Any) -> dict[str, Any]:
             "Fix: call self.backward(loss) (or "
             "self.grad_scaler_.scale(loss).backward()) instead."
         )
-    module = net.__dict__.get("module_")
-    prec.gather_grads(module)
+    if prec.masters:
+        prec.gather_grads(net.__dict__.get("module_"))
     active = _optimizers_with_grads(net)  # an optimizer without gradients is left alone
     flags = prec.check([(opt, params) for _, opt, params in active])
     if state.micro_batches < net.gradient_accumulation_steps:
@@ -134,21 +209,68 @@ def train_step(net: Any, batch: Any, **fit_params: Any) -> dict[str, Any]:
         for _, _, params in active:
             torch._foreach_mul_([p.grad for p in params], factor)
     state.micro_batches = 0
-
-    # 5. callbacks see the true gradients
     recorder = state.recorder  # ampnet.diagnostics.flight.FlightRecorder while an AmpMonitor watches
     if recorder is not None:
         recorder.grads_computed(active)
-    net.notify(
-        "on_grad_computed",
-        named_parameters=TeeGenerator(net.get_all_learnable_params()),
-        batch=batch,
-        training=True,
-    )
+    listeners = state.listeners
+    if listeners is None or listeners["on_grad_computed"] or (
+            type(net).on_grad_computed is not NeuralNet.on_grad_computed):
+        net.notify(
+            "on_grad_computed",
+            named_parameters=TeeGenerator(net.get_all_learnable_params()),
+            batch=batch,
+            training=True,
+        )
+    return active, flags
 
-    # 6. the one host read, then step the optimizers with finite gradients
+
+def _deferred(net: Any, state: StepState, active: list, flags: list | None) -> bool:
+    """Whether this step leaves its outcome on the device: nothing on the
+    host needs it now (``state.defer``: see :func:`begin_fit`; no
+    ``AmpMonitor``, no loss scaling), its batch can be read again from the
+    arrays (the array path), and each optimizer skips on the device (a fused
+    one, which takes the flag)."""
+    if not state.defer or state.recorder is not None or not state.group_sources or net.precision_.scaling:
+        return False
+    if flags is None:
+        return True
+    for _, optimizer, _ in active:
+        if not getattr(optimizer, "_step_supports_amp_scaling", False):
+            return False
+    return True
+
+
+def _step_on_device(net: Any, state: StepState, active: list, flags: list | None) -> None:
+    """Steps 6 and 7 without a host read: each optimizer skips on its flag,
+    on the device; the outcome goes into the records, read later."""
+    prec = net.precision_
+    names = [name for name, _, _ in active]
+    for _, optimizer, _ in active:
+        net.optimizer_step(optimizer)
+    if prec.masters:
+        prec.after_step(net.__dict__.get("module_"))
+    prec.update(keep_scale=False, scale_before=None)
+    state.stepped_batch = frozenset(names)  # no scheduler is held in a deferred fit
+    losses, state.losses = state.losses, []
+    rows, state.group_rows = state.group_rows, []
+    sources, state.group_sources = state.group_sources, []
+    state.bad_input = None
+    _record_rows(net, state, boundary=True)
+    state.records.add_step(StepEntry(rows, flags if flags is not None else [False] * len(names), names, losses,
+                                     sources=sources))
+
+
+def _step_on_host(
+    net: Any, state: StepState, batch: Any, fit_params: dict, active: list, flags: list | None,
+) -> None:
+    """Steps 6 and 7 after one host read of the flags (and the scale):
+    the optimizers with finite gradients step; the scale's update keeps it
+    where the cause is no overflow; the outcome is written at once."""
+    prec, par = net.precision_, net.parallel_
+    module = net.__dict__.get("module_")
     decision = prec.decide(flags, len(active)) if active else None
     skipped = decision.skipped if decision else ()
+    recorder = state.recorder
     if recorder is not None:
         recorder.before_update(net, active, skipped)
     for (_, optimizer, _), skip in zip(active, skipped):
@@ -157,13 +279,14 @@ def train_step(net: Any, batch: Any, **fit_params: Any) -> dict[str, Any]:
     prec.after_step(module)
     if recorder is not None:
         recorder.after_update(net, active, skipped)
-
-    # 7. one scaler update, then the history; every rank skips together
-    # (gradients are synchronized), so par.any runs on all ranks or none
-    earlier, state.bad_input = state.bad_input, None
-    bad_data = any(skipped) and par.any(has_nonfinite(batch) or (earlier is not None and bool(earlier)))
+    names = tuple(name for name, _, _ in active)
     losses, state.losses = state.losses, []
     rows, state.group_rows = state.group_rows, []
+    sources, state.group_sources = state.group_sources, []
+    earlier, state.bad_input = state.bad_input, None
+    # every rank skips together (gradients are synchronized), so par.any runs on all ranks or none
+    bad_data = any(skipped) and par.any(
+        (_bad_rows(sources) if sources else has_nonfinite(batch)) or (earlier is not None and bool(earlier)))
     # a skipped step's cause (the losses are read only here); the scale moves only on
     # what it can fix, an overflow in the backward pass: bad data and a loss that the
     # forward pass already made non-finite keep it
@@ -172,17 +295,63 @@ def train_step(net: Any, batch: Any, **fit_params: Any) -> dict[str, Any]:
     if decision:
         prec.update(keep_scale=keep_scale, scale_before=decision.scale_before)
         state.scale = decision.scale_before if keep_scale else decision.scale
-    stepped = [name for (name, _, _), skip in zip(active, skipped) if not skip]
-    state.stepped_batch = frozenset(stepped)
+    state.stepped_batch = frozenset(n for n, skip in zip(names, skipped) if not skip)
+    if cause is not None and recorder is not None:
+        recorder.skipped(net, batch, fit_params, cause, decision.scale_before)
+    _record_rows(net, state, boundary=True)
+    entry = StepEntry(rows, list(skipped), names, losses, bad=bad_data, cause=cause)
+    records = state.records
+    if records is None:
+        finish_step(net, entry, tuple(skipped))
+    else:
+        records.finish_now(entry)
+
+
+def _bad_rows(sources: list) -> bool:
+    """Whether the rows ``sources`` name (``(arrays, rows)`` pairs) hold NaN or inf."""
+    return any(has_nonfinite(arrays.gather(rows)) for arrays, rows in sources)
+
+
+def finish_step(net: Any, entry: StepEntry, skipped: tuple[bool, ...]) -> None:
+    """What a step's outcome writes and counts once it is known on the host:
+    ``step_skipped`` and a skipped step's ``skip_cause`` in its batch row,
+    the epoch's applied optimizers and skipped rows, the runs of skipped
+    steps (their warnings, and :class:`~ampnet.exceptions.AmpDivergenceError`
+    after ``amp_max_consecutive_skips`` in a row)."""
+    state = net.amp_step_state_
+    row = entry.rows[-1][1] if entry.rows else None
+    if not any(skipped):  # the common case, briefly
+        state.stepped_epoch.update(entry.optimizers)
+        if row is not None and row.get("step_skipped") is PENDING:
+            row["step_skipped"] = False
+        state.consecutive_skips = state.nonfinite_inputs = 0
+        return
+    stepped = [name for name, skip in zip(entry.optimizers, skipped) if not skip]
     state.stepped_epoch.update(stepped)
-    if cause is not None:
-        if not stepped:  # no optimizer stepped: left out of the epoch's train_loss (TrainLoss)
-            state.skipped_rows.update(rows)
-        net.history.record_batch("skip_cause", cause)
-        if recorder is not None:
-            recorder.skipped(net, batch, fit_params, cause, decision.scale_before)
-    _record(net, skipped=any(skipped), bad_data=bad_data)
-    return step
+    bad_data, cause = entry.bad, entry.cause
+    if cause is None:  # a deferred step: its cause, from what the arrays and the losses hold
+        bad_data = _bad_rows(entry.sources or [])
+        cause = skip_cause(bad_data, entry.losses)
+    if not stepped:  # no optimizer stepped: left out of the epoch's train_loss (TrainLoss)
+        state.skipped_rows.update(index for index, _ in entry.rows)
+    if row is not None:
+        _insert_before(row, "skip_cause", cause, "step_skipped")
+        row["step_skipped"] = True
+    _count_run(net, state, True, bad_data, row)
+
+
+def _insert_before(row: dict, key: str, value: Any, before: str) -> None:
+    """``row[key] = value``, placed before ``before`` (where the step wrote its
+    records in this order), keeping the other keys' order."""
+    if before not in row:
+        row[key] = value
+        return
+    items = list(row.items())
+    row.clear()
+    for k, v in items:
+        if k == before:
+            row[key] = value
+        row[k] = v
 
 
 def skip_cause(bad_data: bool, losses: list) -> str:
@@ -194,16 +363,6 @@ def skip_cause(bad_data: bool, losses: list) -> str:
     if bad_data:
         return "nonfinite_input"
     return "nonfinite_loss" if has_nonfinite(losses) else "overflow"
-
-
-def _batch_row(net: Any) -> int | None:
-    """The index of the current batch's row in the epoch's history (skorch
-    adds it at ``on_batch_begin``); None outside a fit's epoch."""
-    history = net.history
-    if not len(history):
-        return None
-    batches = history[-1].get("batches")
-    return len(batches) - 1 if batches else None
 
 
 def _optimizers_with_grads(net: Any) -> list[tuple[str, torch.optim.Optimizer, list]]:
@@ -225,19 +384,25 @@ def current_scale(net: Any) -> float:
     return state.scale
 
 
-def _record(net: Any, skipped: bool, bad_data: bool = False, boundary: bool = True) -> None:
-    """Record the step in the history; at a step boundary, count runs of
-    skipped steps (a micro-batch inside an accumulation group is no step
-    and neither ends nor extends a run)."""
-    state = net.amp_step_state_
-    history = net.history
-    if net.precision_.records:
-        history.record_batch("step_skipped", skipped)
-        history.record_batch("loss_scale", current_scale(net))
-    elif skipped:
-        history.record_batch("step_skipped", True)
-    if not boundary:
+def _record_rows(net: Any, state: StepState, boundary: bool) -> None:
+    """The current batch row's ``step_skipped`` and ``loss_scale`` (AMP on,
+    or loss scaling), in skorch's order: ``step_skipped`` False inside an
+    accumulation group, :data:`~ampnet.training.records.PENDING` at a
+    boundary until the step's outcome is known (``finish_step`` writes it)."""
+    if not net.precision_.records:
         return
+    found = state.row if state.row is not None else current_row(net.history)
+    if found is None:
+        return
+    row = found[1]
+    row["step_skipped"] = PENDING if boundary else False
+    row["loss_scale"] = state.scale if state.scale is not None else current_scale(net)
+
+
+def _count_run(net: Any, state: StepState, skipped: bool, bad_data: bool, row: dict | None) -> None:
+    """Count runs of skipped steps (a micro-batch inside an accumulation
+    group is no step and neither ends nor extends a run); warn of each
+    skipped step, and stop the fit after ``amp_max_consecutive_skips``."""
     if not skipped:
         state.consecutive_skips = 0
         state.nonfinite_inputs = 0
@@ -246,7 +411,8 @@ def _record(net: Any, skipped: bool, bad_data: bool = False, boundary: bool = Tr
     state.epoch_skips += 1
     if bad_data:
         state.nonfinite_inputs += 1
-        history.record_batch("nonfinite_input", True)
+        if row is not None:
+            row["nonfinite_input"] = True
         amp_warn(
             "A training batch holds NaN or inf in its input or target; its "
             "optimizer step was skipped and the loss scale kept (this is bad "
@@ -297,6 +463,64 @@ def begin_fit(net: Any) -> None:
     state.scale = None
     state.recorder = None  # an AmpMonitor among the callbacks attaches one
     current_scale(net)  # before the first scale(): no read
+    state.sources = {}
+    state.batch_schedulers = tuple(
+        cb for _, cb in net.callbacks_ if isinstance(cb, LRScheduler) and cb.step_every == "batch")
+    # a step's outcome may stay on the device unless something on the host needs it at once: an LR
+    # scheduler held on a skipped batch, data parallelism (every rank decides together), skorch's closure
+    state.defer = not state.batch_schedulers and net.parallel_.ddp is None and not state.closure
+    limit = net.amp_max_consecutive_skips
+    state.records = BatchRecords(functools.partial(finish_step, net),
+                                 max_pending=min(limit, MAX_PENDING) if limit else MAX_PENDING)
+    state.listeners = listeners(net)
+
+
+def end_fit(net: Any) -> None:
+    """At the end of a fit: what is still pending is written, and the fit's
+    arrays (on the device) are let go."""
+    state = net.amp_step_state_
+    if state.records is not None:
+        state.records.flush()
+    state.records, state.sources, state.batch_source, state.listeners = None, None, None, None
+    state.modules = state.row = None
+
+
+#: The callback events of every batch, which :func:`listeners` dispatches.
+BATCH_EVENTS = ("on_batch_begin", "on_batch_end", "on_grad_computed")
+
+
+def listeners(net: Any) -> dict[str, list]:
+    """Per batch event (:data:`BATCH_EVENTS`), the callbacks whose method
+    for it is not skorch's ``Callback``'s own, which does nothing: only they
+    are called, every batch."""
+    return {event: [cb for _, cb in net.callbacks_ if _acts_on(cb, event)] for event in BATCH_EVENTS}
+
+
+def _acts_on(cb: Any, event: str) -> bool:
+    method = getattr(type(cb), event, None)
+    return method is not getattr(Callback, event) or event in vars(cb)
+
+
+def all_training(net: Any) -> bool:
+    """Whether every module and criterion of ``net``, and all their
+    submodules, are in training mode (the modules as the epoch began, or
+    as now outside an epoch)."""
+    state = net.__dict__.get("amp_step_state_")
+    modules = state.modules if state is not None and state.modules is not None else _all_modules(net)
+    for m in modules:
+        if not m.training:
+            return False
+    return True
+
+
+def _all_modules(net: Any) -> list[torch.nn.Module]:
+    """Every module and criterion of ``net`` with all their submodules."""
+    out: list[torch.nn.Module] = []
+    for name in net._modules + net._criteria:
+        module = net.__dict__.get(name + "_")
+        if isinstance(module, torch.nn.Module):
+            out.extend(module.modules())
+    return out
 
 
 def begin_epoch(net: Any) -> None:
@@ -304,7 +528,8 @@ def begin_epoch(net: Any) -> None:
     state = net.amp_step_state_
     state.micro_batches, state.epoch_skips, state.stepped_epoch = 0, 0, set()
     state.bad_input, state.losses = None, []
-    state.group_rows, state.skipped_rows = [], set()
+    state.group_rows, state.group_sources, state.skipped_rows = [], [], set()
+    state.modules = _all_modules(net)
 
 
 def record_epoch(net: Any) -> None:
@@ -434,6 +659,58 @@ def uses_closure(net: Any, scaling: bool, skip_nonfinite: bool, accumulation: in
 # ---- epochs and callbacks ------------------------------------------------------------
 
 
+def run_epoch(net: Any, iterator: Any, training: bool, prefix: str, step_fn: Any, **fit_params: Any) -> None:
+    """skorch's ``run_single_epoch``, without a host read per batch: each
+    batch's loss goes into the history through the fit's records
+    (:mod:`ampnet.training.records`), read when the loop ends or when
+    something reads the history; the same rows, keys and values as skorch
+    writes. With gradient accumulation, the last batch is flagged."""
+    if iterator is None:
+        return
+    state = net.amp_step_state_
+    history = net.history
+    if type(history) is History:  # loaded (LoadInitState, load_params): the same rows, read lazily
+        net.history_ = history = DeferredHistory(history)
+    records = state.records if isinstance(history, DeferredHistory) else None
+    if records is not None:
+        history.attach(records)
+    deferring = records is not None and training and isinstance(iterator, ArrayBatches)
+    state.batch_source = iterator if deferring else None
+    if training and net.gradient_accumulation_steps > 1:
+        iterator = flag_last(iterator, state)
+    loss_key, size_key = prefix + "_loss", prefix + "_batch_size"
+    batch_count = 0
+    try:
+        for batch in iterator:
+            net.notify("on_batch_begin", batch=batch, training=training)
+            state.row = row = current_row(history)
+            step = step_fn(batch, **fit_params)
+            state.row = None
+            if records is None or row is None:
+                history.record_batch(loss_key, step["loss"].item())
+            else:
+                records.add_value(row[1], loss_key, step["loss"].detach())
+            history.record_batch(size_key, _batch_len(batch))
+            net.notify("on_batch_end", batch=batch, training=training, **step)
+            batch_count += 1
+    except BaseException:
+        if records is not None:  # what was measured is written; the exception is what matters
+            with contextlib.suppress(Exception):
+                records.flush()
+        raise
+    finally:
+        state.batch_source = state.row = None
+    if records is not None:
+        records.flush()
+    history.record(prefix + "_batch_count", batch_count)
+
+
+def _batch_len(batch: Any) -> int:
+    """skorch's batch size of ``batch``: the length of its first part."""
+    first = batch[0] if isinstance(batch, (tuple, list)) else batch
+    return len(first) if type(first) is torch.Tensor else get_len(first)
+
+
 def flag_last(iterator: Iterable[Any], state: StepState) -> Iterator[Any]:
     """Yield from ``iterator``, setting ``state.last_batch`` before the last item."""
     it = iter(iterator)
@@ -456,7 +733,7 @@ def held_callbacks(net: Any, method_name: str, cb_kwargs: dict) -> list:
     overflow, or inside an accumulation group)."""
     state = net.amp_step_state_
     if method_name == "on_batch_end":
-        if not cb_kwargs.get("training", False) or "optimizer" in state.stepped_batch:
+        if not state.batch_schedulers or not cb_kwargs.get("training", False) or "optimizer" in state.stepped_batch:
             return []
         every = "batch"
     elif method_name == "on_epoch_end":

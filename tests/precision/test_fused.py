@@ -156,9 +156,16 @@ def test_float16_fused_gets_found_inf_on_the_device_and_no_grad_scale(precision)
     assert steps == {7.0}
 
 
-def test_bfloat16_fused_gets_no_scaler_attributes():
-    _, seen = fit("bf16", "adam", fused=True)
-    assert seen.calls and all(call == ("unset", None) for call in seen.calls)
+def test_bfloat16_fused_skips_on_the_device():
+    # no loss scaling: no grad_scale; the non-finite flag as found_inf, so that the kernel skips a step
+    # with NaN/inf gradients without a host read (ampnet.training.records reads the outcome later)
+    net, seen = fit("bf16", "adam", fused=True)
+    assert len(seen.calls) == 8  # every step reaches the optimizer
+    assert all(grad_scale is None and isinstance(found, torch.Tensor) for grad_scale, found in seen.calls)
+    assert [float(found) for _, found in seen.calls] == [0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    assert not hasattr(net.optimizer_, "found_inf") and not hasattr(net.optimizer_, "grad_scale")
+    assert {float(s["step"]) for s in net.optimizer_.state.values()} == {7.0}  # the third never stepped
+    assert [b["step_skipped"] for epoch in net.history[:, "batches"] for b in epoch] == [False, False, True] + [False] * 5
 
 
 @pytest.mark.parametrize("precision", ["fp16", "fp16-pure", "bf16-compensated"])
