@@ -410,7 +410,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin, ReportsMixin):
         context = prec.forward_context()
         try:
             if context is NO_CONTEXT and parallel.ddp is None:  # inside a training step's context
-                return prec.convert_output(super().infer(x, **fit_params))
+                return prec.convert_output(self._skorch_infer(x, fit_params))
             with context, parallel.forward_module(self):
                 return prec.convert_output(super().infer(x, **fit_params))
         except RuntimeError as exc:
@@ -418,6 +418,15 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin, ReportsMixin):
             if prec.enabled and error is not None:
                 raise error from exc
             raise
+
+    def _skorch_infer(self, x: Any, fit_params: dict) -> Any:
+        """skorch's ``infer`` (the next in the MRO); during a fit where it is
+        ``NeuralNet.infer`` and ``x`` a tensor on the device, what it does
+        then: call the module."""
+        state = self.__dict__.get("amp_step_state_")
+        if state is not None and state.plain_infer and type(x) is torch.Tensor and _on(x, self.device):
+            return self.module_(x, **fit_params)
+        return super().infer(x, **fit_params)
 
     def predict_proba(self, X):
         """skorch's ``predict_proba``; for a classifier whose softmax ran in
@@ -437,7 +446,11 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin, ReportsMixin):
             state.not_probabilities = check_loss_inputs(self, y_pred, y_true)
         context = self.precision_.forward_context()
         if context is NO_CONTEXT:  # AMP off, or inside a training step's context
-            loss = super().get_loss(y_pred, y_true, X=X, training=training)
+            if (state is not None and state.plain_loss and type(y_true) is torch.Tensor
+                    and _on(y_true, self.device) and not isinstance(self.criterion_, torch.nn.NLLLoss)):
+                loss = self.criterion_(y_pred, y_true)  # all that skorch's get_loss does here
+            else:
+                loss = super().get_loss(y_pred, y_true, X=X, training=training)
         else:
             with context:
                 loss = super().get_loss(y_pred, y_true, X=X, training=training)
@@ -450,6 +463,11 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin, ReportsMixin):
     def on_train_begin(self, net, X=None, y=None, **kwargs):
         super().on_train_begin(net, X=X, y=y, **kwargs)
         steps.begin_fit(self)
+        state = self.amp_step_state_
+        # skorch's own infer and get_loss next in the MRO (not a subclass's, such as the binary
+        # classifier's): on a tensor on the device they only call the module and the criterion
+        state.plain_infer = _next_in_mro(type(self), "infer") is NeuralNet.infer
+        state.plain_loss = _next_in_mro(type(self), "get_loss") in (NeuralNet.get_loss, NeuralNetClassifier.get_loss)
 
     def on_epoch_begin(self, net, dataset_train=None, dataset_valid=None, **kwargs):
         super().on_epoch_begin(net, dataset_train=dataset_train, dataset_valid=dataset_valid, **kwargs)
@@ -548,6 +566,31 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin, ReportsMixin):
                 and self.predict_nonlinearity == "auto":
             return kept
         return super()._get_predict_nonlinearity()
+
+
+def _next_in_mro(cls: type, name: str) -> Any:
+    """The function ``name`` that ``super()`` in :class:`AmpNetMixin` calls for ``cls``."""
+    mro = cls.__mro__
+    for klass in mro[mro.index(AmpNetMixin) + 1:]:
+        if name in vars(klass):
+            return vars(klass)[name]
+    return None
+
+
+def _on(t: torch.Tensor, device: Any) -> bool:
+    """Whether ``t`` is where skorch's ``to_tensor(t, device)`` leaves it
+    (no copy; False where that takes a look at the current CUDA device)."""
+    if device is None:
+        return True
+    if device == "cpu":
+        return t.is_cpu
+    device = torch.device(device)
+    if t.device.type != device.type:
+        return False
+    if device.index is not None:
+        return t.device.index == device.index
+    # no index: torch moves the tensor to the current device of its type
+    return device.type != "cuda" or t.device.index == torch.cuda.current_device()
 
 
 class AmpNet(AmpNetMixin, NeuralNet):

@@ -100,6 +100,19 @@ def nonfinite_grads(
     it), so a gradient whose finite values sum beyond the float32 range also
     counts as non-finite.
     """
+    grads = [p.grad for p in params if p.grad is not None]
+    if grads:  # the common case: dense gradients of one device and dtype, briefly
+        first = grads[0]
+        dev, dtype = first.device, first.dtype
+        for g in grads:
+            if g.is_sparse or g.dtype != dtype or g.device != dev:
+                break
+        else:
+            if _fused_check_pays(dev, grads) and _kernel_takes(first):
+                unit = one if one is not None and one.device == dev else torch.ones((), dtype=torch.float32, device=dev)
+                found = unit.new_zeros(())
+                torch._amp_foreach_non_finite_check_and_unscale_(grads, found, unit)
+                return found if device is None or dev == device else found.to(device, non_blocking=True)
     groups = grads_by_device_dtype(params)
     flags = []
     for (dev, _), grads in groups.items():

@@ -195,25 +195,34 @@ class BatchRecords:
       what a step's outcome writes and counts once it is read
       (:func:`ampnet.training.step.finish_step`); may raise
       :class:`~ampnet.exceptions.AmpDivergenceError`.
+    finish_applied : callable
+      ``finish_applied(entries)``: the same for steps none of whose
+      optimizers skipped (:func:`ampnet.training.step.finish_applied`).
     max_pending : int
       Steps that may wait before they are read.
     """
 
     finish_step: Callable[..., None]
+    finish_applied: Callable[..., None]
     max_pending: int = 1024
-    entries: list = field(default_factory=list)  # (row, key, tensor) of losses; StepEntry
-    steps: int = 0
+    values: list = field(default_factory=list)  # (row, key, tensor)
+    steps: list = field(default_factory=list)  # StepEntry, each flag a tensor
+
+    @property
+    def entries(self) -> bool:
+        """Whether anything is pending."""
+        return bool(self.values or self.steps)
 
     def add_value(self, row: dict, key: str, value: torch.Tensor) -> None:
-        """Write ``value`` (a 0-d tensor) into ``row[key]`` when read."""
+        """Write ``value`` (a one-element tensor) into ``row[key]`` when read."""
         row[key] = PENDING
-        self.entries.append((row, key, value))
+        self.values.append((row, key, value))
 
     def add_step(self, entry: StepEntry) -> None:
-        """A step's outcome, read when the records are (see :class:`StepEntry`)."""
-        self.entries.append(entry)
-        self.steps += 1
-        if self.steps >= self.max_pending:
+        """A step whose outcome stays on the device (its flags: tensors), read
+        when the records are."""
+        self.steps.append(entry)
+        if len(self.steps) >= self.max_pending:
             self.flush()
 
     def finish_now(self, entry: StepEntry) -> None:
@@ -225,47 +234,51 @@ class BatchRecords:
 
     def discard(self) -> None:
         """Forget what is pending (the history was cleared)."""
-        self.entries, self.steps = [], 0
+        self.values, self.steps = [], []
 
     def flush(self) -> None:
-        """Read every pending value in one transfer per device and dtype,
-        and write the history."""
-        entries, self.entries, self.steps = self.entries, [], 0
-        if not entries:
+        """Read every pending value in one transfer (one per device, where
+        they are on several), and write the history."""
+        values, steps = self.values, self.steps
+        self.values, self.steps = [], []
+        if not values and not steps:
             return
-        tensors: list[torch.Tensor] = []
-        for item in entries:
-            if isinstance(item, StepEntry):
-                tensors.extend(s for s in item.skipped if isinstance(s, torch.Tensor))
-            else:
-                tensors.append(item[2])
-        values = iter(_read(tensors))
-        steps = []
-        for item in entries:  # every value first: a step below may stop the fit
-            if isinstance(item, StepEntry):
-                steps.append((item, tuple(next(values) > 0 if isinstance(s, torch.Tensor) else bool(s)
-                                          for s in item.skipped)))
-            else:
-                row, key, _ = item
-                row[key] = next(values)
-        for entry, skipped in steps:
-            self.finish_step(entry, skipped)
+        tensors = [t for _, _, t in values]
+        for entry in steps:
+            tensors += entry.skipped
+        out = _read(tensors)
+        for (row, key, _), value in zip(values, out):  # every value first: a step below may stop the fit
+            row[key] = value
+        flags = out[len(values):]
+        if not steps:
+            return
+        if not any(flags):
+            self.finish_applied(steps)
+            return
+        flags = iter(flags)
+        for entry in steps:
+            self.finish_step(entry, tuple(next(flags) > 0 for _ in entry.skipped))
 
 
 def _read(tensors: list[torch.Tensor]) -> list[float]:
     """The values of one-element ``tensors`` as floats, in order: one read
-    per device and dtype among them."""
+    (a stack, which widens mixed floating dtypes exactly), or one per device
+    and dtype where they cannot be stacked together."""
+    if not tensors:
+        return []
+    try:
+        return torch.stack(tensors).tolist() if tensors[0].dim() == 0 else _by_group(tensors)
+    except RuntimeError:  # on several devices, or of several shapes
+        return _by_group(tensors)
+
+
+def _by_group(tensors: list[torch.Tensor]) -> list[float]:
     groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
     for i, t in enumerate(tensors):
         groups.setdefault((t.device, t.dtype), []).append(i)
     out: list[float] = [0.0] * len(tensors)
     for positions in groups.values():
-        part = [tensors[i] for i in positions]
-        if any(t.dim() for t in part):  # a loss of shape (1,), as skorch's .item() takes it
-            part = [t.reshape(()) for t in part]
-        stacked = torch.stack(part)
-        if stacked.dtype == torch.bool or not stacked.is_floating_point():
-            stacked = stacked.to(torch.float64)
+        stacked = torch.stack([tensors[i].reshape(()) for i in positions])
         for i, value in zip(positions, stacked.tolist()):
             out[i] = float(value)
     return out

@@ -42,6 +42,7 @@ __all__ = [
     "begin_epoch",
     "run_epoch",
     "finish_step",
+    "finish_applied",
     "MAX_PENDING",
     "listeners",
     "all_training",
@@ -93,6 +94,8 @@ class StepState:
     listeners: dict | None = None  # while fitting: per batch event, the callbacks that act on it
     modules: list | None = None  # during an epoch: the net's modules and all their submodules
     row: Any = None  # during a batch of an epoch's loop: (index, row) of its history row
+    plain_infer: bool = False  # during a fit: skorch's own infer and get_loss come next (ampnet.net)
+    plain_loss: bool = False
 
     def __getstate__(self) -> dict[str, Any]:
         # a fit's transient parts: pending device values, the arrays (on the device), the iterator
@@ -256,8 +259,7 @@ def _step_on_device(net: Any, state: StepState, active: list, flags: list | None
     sources, state.group_sources = state.group_sources, []
     state.bad_input = None
     _record_rows(net, state, boundary=True)
-    state.records.add_step(StepEntry(rows, flags if flags is not None else [False] * len(names), names, losses,
-                                     sources=sources))
+    state.records.add_step(StepEntry(rows, flags if flags is not None else [], names, losses, sources=sources))
 
 
 def _step_on_host(
@@ -310,6 +312,19 @@ def _step_on_host(
 def _bad_rows(sources: list) -> bool:
     """Whether the rows ``sources`` name (``(arrays, rows)`` pairs) hold NaN or inf."""
     return any(has_nonfinite(arrays.gather(rows)) for arrays, rows in sources)
+
+
+def finish_applied(net: Any, entries: list) -> None:
+    """:func:`finish_step` for steps none of whose optimizers skipped: their
+    rows' ``step_skipped`` is False, and no run of skipped steps goes on."""
+    state = net.amp_step_state_
+    for entry in entries:
+        state.stepped_epoch.update(entry.optimizers)
+        if entry.rows:
+            row = entry.rows[-1][1]
+            if row.get("step_skipped") is PENDING:
+                row["step_skipped"] = False
+    state.consecutive_skips = state.nonfinite_inputs = 0
 
 
 def finish_step(net: Any, entry: StepEntry, skipped: tuple[bool, ...]) -> None:
@@ -470,7 +485,7 @@ def begin_fit(net: Any) -> None:
     # scheduler held on a skipped batch, data parallelism (every rank decides together), skorch's closure
     state.defer = not state.batch_schedulers and net.parallel_.ddp is None and not state.closure
     limit = net.amp_max_consecutive_skips
-    state.records = BatchRecords(functools.partial(finish_step, net),
+    state.records = BatchRecords(functools.partial(finish_step, net), functools.partial(finish_applied, net),
                                  max_pending=min(limit, MAX_PENDING) if limit else MAX_PENDING)
     state.listeners = listeners(net)
 
@@ -483,6 +498,7 @@ def end_fit(net: Any) -> None:
         state.records.flush()
     state.records, state.sources, state.batch_source, state.listeners = None, None, None, None
     state.modules = state.row = None
+    state.plain_infer = state.plain_loss = False
 
 
 #: The callback events of every batch, which :func:`listeners` dispatches.
@@ -708,7 +724,7 @@ def run_epoch(net: Any, iterator: Any, training: bool, prefix: str, step_fn: Any
 def _batch_len(batch: Any) -> int:
     """skorch's batch size of ``batch``: the length of its first part."""
     first = batch[0] if isinstance(batch, (tuple, list)) else batch
-    return len(first) if type(first) is torch.Tensor else get_len(first)
+    return first.shape[0] if type(first) is torch.Tensor and first.dim() else get_len(first)
 
 
 def flag_last(iterator: Iterable[Any], state: StepState) -> Iterator[Any]:
