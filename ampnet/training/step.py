@@ -369,6 +369,19 @@ def _insert_before(row: dict, key: str, value: Any, before: str) -> None:
         row[k] = v
 
 
+def _insert_after(row: dict, key: str, value: Any, after: str) -> None:
+    """``row[key] = value``, placed after ``after``, keeping the other keys' order."""
+    items = list(row.items())
+    if after not in row or items[-1][0] == after:
+        row[key] = value
+        return
+    row.clear()
+    for k, v in items:
+        row[k] = v
+        if k == after:
+            row[key] = value
+
+
 def skip_cause(bad_data: bool, losses: list) -> str:
     """Why a step was skipped: ``'nonfinite_input'`` (its batch held NaN or
     inf), ``'nonfinite_loss'`` (a loss of its micro-batches was NaN or inf:
@@ -426,8 +439,8 @@ def _count_run(net: Any, state: StepState, skipped: bool, bad_data: bool, row: d
     state.epoch_skips += 1
     if bad_data:
         state.nonfinite_inputs += 1
-        if row is not None:
-            row["nonfinite_input"] = True
+        if row is not None:  # where the step wrote it: after its own records
+            _insert_after(row, "nonfinite_input", True, "loss_scale" if "loss_scale" in row else "step_skipped")
         amp_warn(
             "A training batch holds NaN or inf in its input or target; its "
             "optimizer step was skipped and the loss scale kept (this is bad "
