@@ -379,7 +379,10 @@ class Precision:
         """Autocast for the forward pass and the loss (off for the rest of
         the model when only ``amp_modules`` run in low precision); nothing
         where that context is entered already (a step's forward and loss)."""
-        _, _, enabled, device_type, dtype, scoped, _ = self._current()
+        cache = self.__dict__.get("_cache")
+        if cache is None or cache[0] is not self.settings or cache[1] is not self.layout:
+            cache = self._current()
+        _, _, enabled, device_type, dtype, scoped, _ = cache
         if not enabled or self.float32_step:
             return NO_CONTEXT
         if scoped:
@@ -470,7 +473,9 @@ class Precision:
         if not self.settings.skip_nonfinite:
             return None
         device = optimizers[0][1][0].grad.device if optimizers and optimizers[0][1] else None
-        one = self._one(device) if device is not None else None
+        one = self.__dict__.get("_ones", {}).get(device)
+        if one is None and device is not None:
+            one = self._one(device)
         flags = [nonfinite_grads(params, device, one) for _, params in optimizers]
         for (optimizer, _), flag in zip(optimizers, flags):
             self._found[id(optimizer)] = flag  # a fused optimizer skips on it, on the device

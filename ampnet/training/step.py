@@ -719,7 +719,9 @@ def run_epoch(net: Any, iterator: Any, training: bool, prefix: str, step_fn: Any
                 history.record_batch(loss_key, step["loss"].item())
             else:
                 records.add_value(row[1], loss_key, step["loss"].detach())
-            history.record_batch(size_key, _batch_len(batch))
+            first = batch[0] if isinstance(batch, (tuple, list)) else batch
+            history.record_batch(size_key, first.shape[0] if type(first) is torch.Tensor and first.dim()
+                                 else get_len(first))
             net.notify("on_batch_end", batch=batch, training=training, **step)
             batch_count += 1
     except BaseException:
@@ -732,12 +734,6 @@ def run_epoch(net: Any, iterator: Any, training: bool, prefix: str, step_fn: Any
     if records is not None:
         records.flush()
     history.record(prefix + "_batch_count", batch_count)
-
-
-def _batch_len(batch: Any) -> int:
-    """skorch's batch size of ``batch``: the length of its first part."""
-    first = batch[0] if isinstance(batch, (tuple, list)) else batch
-    return first.shape[0] if type(first) is torch.Tensor and first.dim() else get_len(first)
 
 
 def flag_last(iterator: Iterable[Any], state: StepState) -> Iterator[Any]:
