@@ -489,6 +489,12 @@ class Precision:
             one = ones[device] = torch.ones((), dtype=torch.float32, device=device)
         return one
 
+    def skip_on(self, optimizer: torch.optim.Optimizer, flag: torch.Tensor) -> None:
+        """Let ``optimizer``'s step (a fused one) skip on ``flag`` instead of
+        the flag :meth:`check` found (the training step's limit on runs of
+        skipped steps, on the device)."""
+        self._found[id(optimizer)] = flag
+
     def decide(self, flags: list[torch.Tensor] | None, count: int) -> StepDecision:
         """The one host read of a step: the flags of ``count`` optimizers and,
         with loss scaling, the scale before and after this step's update

@@ -36,7 +36,7 @@ from typing import Any, Callable
 import torch
 from skorch.history import History
 
-__all__ = ["DeferredHistory", "BatchRecords", "StepEntry", "PENDING", "current_row"]
+__all__ = ["DeferredHistory", "BatchRecords", "StepEntry", "SkipGuard", "PENDING", "current_row"]
 
 
 class _Pending:
@@ -255,9 +255,18 @@ class BatchRecords:
         if not any(flags):
             self.finish_applied(steps)
             return
+        outcomes = []
         flags = iter(flags)
         for entry in steps:
-            self.finish_step(entry, tuple(next(flags) > 0 for _ in entry.skipped))
+            outcomes.append((entry, tuple(next(flags) > 0 for _ in entry.skipped)))
+        for i, (entry, skipped) in enumerate(outcomes):
+            try:
+                self.finish_step(entry, skipped)
+            except BaseException:  # the fit stops here: the later steps' rows say what happened to them
+                for later, later_skipped in outcomes[i + 1:]:
+                    if later.rows and later.rows[-1][1].get("step_skipped") is PENDING:
+                        later.rows[-1][1]["step_skipped"] = any(later_skipped)
+                raise
 
 
 def _read(tensors: list[torch.Tensor]) -> list[float]:
@@ -282,3 +291,39 @@ def _by_group(tensors: list[torch.Tensor]) -> list[float]:
         for i, value in zip(positions, stacked.tolist()):
             out[i] = float(value)
     return out
+
+
+class SkipGuard:
+    """``amp_max_consecutive_skips`` kept on the device, for steps whose
+    outcome is read later (on a GPU, where a read every few steps would
+    stall it): once that many steps in a row were skipped, every later step
+    skips too, on the device, so that no step after the limit reaches the
+    weights; the records then stop the fit at their next read, at the step
+    that reached the limit, as a fit that reads every step stops.
+
+    Parameters
+    ----------
+    limit : int
+      ``amp_max_consecutive_skips``.
+    run : int
+      Steps skipped in a row before this fit (a run goes on across fits).
+    device : torch.device
+      Where the flags are.
+    """
+
+    def __init__(self, limit: int, run: int, device: torch.device) -> None:
+        self.limit = limit
+        self.run = torch.full((), float(run), device=device)
+
+    def reset(self, run: int) -> None:
+        """The run as counted on the host (after a step read at once)."""
+        self.run = torch.full((), float(run), device=self.run.device)
+
+    def apply(self, flags: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The flags the optimizers skip on (> 0: skip): theirs, or all
+        set once the limit is reached; the run moves on (no host read)."""
+        blocked = (self.run >= self.limit).to(flags[0].dtype)
+        flags = [torch.maximum(flag, blocked) for flag in flags]
+        skipped = flags[0] if len(flags) == 1 else torch.stack(flags).amax()
+        self.run = (self.run + 1) * skipped
+        return flags

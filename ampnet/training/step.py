@@ -28,7 +28,7 @@ from skorch.utils import TeeGenerator
 
 from ampnet.utils.tree import has_nonfinite, nonfinite_flag
 from ampnet.training.batches import ArrayBatches
-from ampnet.training.records import PENDING, BatchRecords, DeferredHistory, StepEntry, current_row
+from ampnet.training.records import PENDING, BatchRecords, DeferredHistory, SkipGuard, StepEntry, current_row
 from ampnet.exceptions import AmpDivergenceError, AmpStateError, amp_warn
 
 __all__ = [
@@ -94,6 +94,7 @@ class StepState:
     listeners: dict | None = None  # while fitting: per batch event, the callbacks that act on it
     modules: list | None = None  # during an epoch: the net's modules and all their submodules
     row: Any = None  # during a batch of an epoch's loop: (index, row) of its history row
+    guard: Any = None  # during a fit on a GPU: ampnet.training.records.SkipGuard
     plain_infer: bool = False  # during a fit: skorch's own infer and get_loss come next (ampnet.net)
     plain_loss: bool = False
 
@@ -101,7 +102,7 @@ class StepState:
         # a fit's transient parts: pending device values, the arrays (on the device), the iterator
         state = dict(self.__dict__)
         state.update(records=None, sources=None, batch_source=None, group_sources=[], listeners=None,
-                     modules=None, row=None)
+                     modules=None, row=None, guard=None)
         return state
 
 
@@ -248,6 +249,10 @@ def _step_on_device(net: Any, state: StepState, active: list, flags: list | None
     on the device; the outcome goes into the records, read later."""
     prec = net.precision_
     names = [name for name, _, _ in active]
+    if state.guard is not None and flags:  # the divergence limit, on the device (see begin_fit)
+        flags = state.guard.apply(flags)
+        for (_, optimizer, _), flag in zip(active, flags):
+            prec.skip_on(optimizer, flag)
     for _, optimizer, _ in active:
         net.optimizer_step(optimizer)
     if prec.masters:
@@ -307,6 +312,8 @@ def _step_on_host(
         finish_step(net, entry, tuple(skipped))
     else:
         records.finish_now(entry)
+    if state.guard is not None:  # counted on the host now: the device's count follows
+        state.guard.reset(state.consecutive_skips)
 
 
 def _bad_rows(sources: list) -> bool:
@@ -498,8 +505,12 @@ def begin_fit(net: Any) -> None:
     # scheduler held on a skipped batch, data parallelism (every rank decides together), skorch's closure
     state.defer = not state.batch_schedulers and net.parallel_.ddp is None and not state.closure
     limit = net.amp_max_consecutive_skips
+    # read at least every `limit` steps, so that a run of skipped steps stops the fit in time; on a GPU,
+    # where such a read would stall it, the limit is kept on the device instead (SkipGuard)
+    on_gpu = torch.device(net.device or "cpu").type == "cuda"
+    state.guard = SkipGuard(limit, state.consecutive_skips, torch.device(net.device)) if on_gpu and limit else None
     state.records = BatchRecords(functools.partial(finish_step, net), functools.partial(finish_applied, net),
-                                 max_pending=min(limit, MAX_PENDING) if limit else MAX_PENDING)
+                                 max_pending=min(limit, MAX_PENDING) if limit and not on_gpu else MAX_PENDING)
     state.listeners = listeners(net)
 
 
@@ -510,7 +521,7 @@ def end_fit(net: Any) -> None:
     if state.records is not None:
         state.records.flush()
     state.records, state.sources, state.batch_source, state.listeners = None, None, None, None
-    state.modules = state.row = None
+    state.modules = state.row = state.guard = None
     state.plain_infer = state.plain_loss = False
 
 

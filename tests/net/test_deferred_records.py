@@ -309,3 +309,45 @@ def test_progress_bar_reads_each_batch_s_loss():
     _fit(False, X, y, amp_enabled=True, callbacks=[theirs])
     assert len(ours.postfixes) == 8 and ours.postfixes == theirs.postfixes
     assert all(isinstance(p["train_loss"], float) for p in ours.postfixes)
+
+
+class GuardOnDevice(Callback):
+    """What begin_fit does on a GPU (ampnet.training.records.SkipGuard), on this CPU: the limit on runs
+    of skipped steps kept on the device, the records read only at the epoch's end."""
+
+    def on_train_begin(self, net, **kwargs):
+        from ampnet.training.records import SkipGuard
+
+        state = net.amp_step_state_
+        state.guard = SkipGuard(net.amp_max_consecutive_skips, state.consecutive_skips, torch.device("cpu"))
+        state.records.max_pending = 10**6
+
+
+def test_with_the_limit_on_the_device_no_step_after_it_reaches_the_weights():
+    X, y = _data(160)
+    X[:48] = np.nan  # the first three batches: their steps are skipped; the later ones are good
+    torch.manual_seed(0)
+    net = AmpNetClassifier(**net_kw(batch_size=16, max_epochs=1, amp_enabled=True, amp_dtype="bfloat16",
+                                    amp_max_consecutive_skips=3, callbacks=[GuardOnDevice()]))
+    net.initialize()
+    before = copy.deepcopy(net.module_.state_dict())
+    with pytest.warns(AmpWarning), pytest.raises(AmpDivergenceError, match="3 optimizer steps in a row"):
+        net.partial_fit(X, y)
+    for name, value in net.module_.state_dict().items():  # the good batches after the limit did not step
+        assert torch.equal(value, before[name]), name
+    rows = net.history[-1, "batches"]
+    assert len(rows) == 10  # read at the epoch's end: every batch ran
+    assert [r["step_skipped"] for r in rows] == [True] * 10  # on the device, after the third, all skipped
+    assert [r.get("skip_cause") for r in rows[:3]] == ["nonfinite_input"] * 3
+
+
+def test_with_the_limit_on_the_device_a_recovering_run_trains_on():
+    X, y = _data(160)
+    X[:32] = np.nan  # two skipped steps, under the limit of three
+    torch.manual_seed(0)
+    net = AmpNetClassifier(**net_kw(batch_size=16, max_epochs=1, amp_enabled=True, amp_dtype="bfloat16",
+                                    amp_max_consecutive_skips=3, callbacks=[GuardOnDevice()]))
+    with pytest.warns(AmpWarning):
+        net.fit(X, y)
+    assert [r["step_skipped"] for r in net.history[-1, "batches"]] == [True, True] + [False] * 8
+    assert net.amp_step_state_.consecutive_skips == 0
