@@ -51,6 +51,7 @@ from ampnet.training.parallel import Parallel
 from ampnet.config.params import PARSED_ATTRIBUTE, constructor_defaults, is_auto, is_parsed_name, parsed
 from ampnet.training.batches import array_batches
 from ampnet.training.records import DeferredHistory
+from ampnet.utils.placement import is_on
 from ampnet.training.step import all_training
 from ampnet.precision import NO_CONTEXT, GradScaler, PrecisionLayout, PrecisionPolicy, autocast_dtype_error, kernel_defaults
 
@@ -424,7 +425,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin, ReportsMixin):
         ``NeuralNet.infer`` and ``x`` a tensor on the device, what it does
         then: call the module."""
         state = self.__dict__.get("amp_step_state_")
-        if state is not None and state.plain_infer and type(x) is torch.Tensor and _on(x, self.device):
+        if state is not None and state.plain_infer and type(x) is torch.Tensor and is_on(x, self.device):
             return self.module_(x, **fit_params)
         return super().infer(x, **fit_params)
 
@@ -447,7 +448,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin, ReportsMixin):
         context = self.precision_.forward_context()
         if context is NO_CONTEXT:  # AMP off, or inside a training step's context
             if (state is not None and state.plain_loss and type(y_true) is torch.Tensor
-                    and _on(y_true, self.device) and not isinstance(self.criterion_, torch.nn.NLLLoss)):
+                    and is_on(y_true, self.device) and not isinstance(self.criterion_, torch.nn.NLLLoss)):
                 loss = self.criterion_(y_pred, y_true)  # all that skorch's get_loss does here
             else:
                 loss = super().get_loss(y_pred, y_true, X=X, training=training)
@@ -575,22 +576,6 @@ def _next_in_mro(cls: type, name: str) -> Any:
         if name in vars(klass):
             return vars(klass)[name]
     return None
-
-
-def _on(t: torch.Tensor, device: Any) -> bool:
-    """Whether ``t`` is where skorch's ``to_tensor(t, device)`` leaves it
-    (no copy; False where that takes a look at the current CUDA device)."""
-    if device is None:
-        return True
-    if device == "cpu":
-        return t.is_cpu
-    device = torch.device(device)
-    if t.device.type != device.type:
-        return False
-    if device.index is not None:
-        return t.device.index == device.index
-    # no index: torch moves the tensor to the current device of its type
-    return device.type != "cuda" or t.device.index == torch.cuda.current_device()
 
 
 class AmpNet(AmpNetMixin, NeuralNet):

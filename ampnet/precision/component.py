@@ -23,6 +23,7 @@ from typing import Any, Collection, Iterator, Mapping, NamedTuple, Sequence
 import torch
 from skorch.utils import to_tensor
 
+from ampnet.utils.placement import is_on
 from ampnet.utils.tree import cast_floating, map_tensors
 from ampnet.utils.dtypes import LOW_PRECISION_DTYPES
 from ampnet.precision import compensated as comp
@@ -70,12 +71,6 @@ _TO_FLOAT32 = (*LOW_PRECISION_DTYPES, torch.float64)
 def module_root(module: torch.nn.Module) -> torch.nn.Module:
     """The module that precision acts on (inside a ``torch.compile`` wrapper)."""
     return getattr(module, "_orig_mod", module)
-
-
-def _on_device(t: torch.Tensor, device: Any) -> bool:
-    """Whether ``t`` is on ``device`` (a device or its name; no index: any of its type)."""
-    device = torch.device(device) if not isinstance(device, torch.device) else device
-    return t.device.type == device.type and (device.index is None or t.device.index == device.index)
 
 
 def _channels_last(t: torch.Tensor) -> torch.Tensor:
@@ -403,7 +398,7 @@ class Precision:
             if not channels_last:
                 return x
         elif type(x) is torch.Tensor and not channels_last and x.dtype != torch.float64 and (
-                device is None or (x.is_cpu if device == "cpu" else _on_device(x, device))):
+                is_on(x, device)):
             return x  # a batch of the array path, on the device: nothing to convert
         x = to_tensor(x, device=device)
         if enabled:

@@ -251,7 +251,7 @@ class ArrayBatches:
             if early and k == len(starts) - 1:
                 self._second_draw(gen)
             if ahead is not None:
-                batch = ahead.take(idx, order[start + bs:start + 2 * bs] if start + bs < stop else None)
+                batch = ahead.take(k, idx, order[start + bs:start + 2 * bs] if start + bs < stop else None)
             else:
                 batch = source.gather(idx)
             self._recent.append((batch, idx))
@@ -266,19 +266,22 @@ class _Prefetch:
     def __init__(self, source: ArraySource) -> None:
         self.source = source
         self.stream = torch.cuda.Stream(source.device)
-        self.next: tuple[torch.Tensor, list[Any], Any] | None = None
+        self.next: tuple[int, list[Any], Any] | None = None
 
-    def _start(self, idx: torch.Tensor) -> tuple[torch.Tensor, list[Any], Any]:
+    def _start(self, k: int, idx: torch.Tensor) -> tuple[int, list[Any], Any]:
         host = self.source.gather(idx, pinned=True)
         with torch.cuda.stream(self.stream):
+            # the pinned blocks stay reserved until the copy on this stream is done (torch's host allocator)
             batch = _map(host, lambda t: t.to(self.source.device, non_blocking=True))
             done = torch.cuda.Event()
             done.record(self.stream)
-        return idx, batch, done
+        return k, batch, done
 
-    def take(self, idx: torch.Tensor, following: torch.Tensor | None) -> list[Any]:
-        staged = self.next if self.next is not None and self.next[0] is idx else self._start(idx)
-        self.next = self._start(following) if following is not None else None
+    def take(self, k: int, idx: torch.Tensor, following: torch.Tensor | None) -> list[Any]:
+        """Batch ``k`` (rows ``idx``), on the device; batch ``k + 1`` (rows
+        ``following``, None: there is none) starts its copy."""
+        staged = self.next if self.next is not None and self.next[0] == k else self._start(k, idx)
+        self.next = self._start(k + 1, following) if following is not None else None
         _, batch, done = staged
         current = torch.cuda.current_stream(self.source.device)
         current.wait_event(done)

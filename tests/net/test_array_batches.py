@@ -294,3 +294,13 @@ def test_cuda_batches_equal_the_dataloader_s(on_device):
     for x, z in zip(a, b):
         assert x[0]["a"].device.type == "cuda"
         _assert_same_batch([{k: v.cpu() for k, v in x[0].items()}, x[1].cpu()], z)
+
+
+def test_is_on_follows_torch_s_to():
+    from ampnet.utils.placement import is_on
+
+    t = torch.zeros(2)
+    assert is_on(t, None) and is_on(t, "cpu") and is_on(t, torch.device("cpu"))
+    assert not is_on(t, "cuda") and not is_on(t, torch.device("cuda", 1)) and not is_on(t, "meta")
+    assert t.to("cpu") is t and t.to(torch.device("cpu")) is t  # what is_on stands for: no copy
+    assert not is_on(t, "cpu:0") and t.to("cpu:0") is not t  # torch copies here
