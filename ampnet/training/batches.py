@@ -34,6 +34,8 @@ import torch
 from skorch.dataset import Dataset
 from torch.utils.data import DataLoader, Subset
 
+from ampnet.utils.placement import is_on
+
 __all__ = ["ArraySource", "ArrayBatches", "array_batches", "source_of", "LOADER_SETTINGS"]
 
 #: numpy dtypes that torch takes as they are (what ``default_collate`` would build from them).
@@ -60,7 +62,7 @@ def _tensor(value: Any) -> torch.Tensor | None:
         if value.requires_grad or value.is_sparse or value.layout != torch.strided:
             return None
         return value
-    if type(value) is not np.ndarray or value.dtype not in _NUMPY_KINDS or value.ndim == 0:
+    if type(value) not in (np.ndarray, np.memmap) or value.dtype not in _NUMPY_KINDS or value.ndim == 0:
         return None
     if any(s < 0 for s in value.strides):
         value = np.ascontiguousarray(value)
@@ -111,8 +113,8 @@ class ArraySource:
         tensors = list(X.values()) if isinstance(X, dict) else [X]
         if y is not None:
             tensors.append(y)
-        there = all(_on(t, device) for t in tensors)
-        self.resident = self.cuda and (there or device_placement(on_device, tensors, device))
+        self.resident = self.cuda and (all(is_on(t, device) for t in tensors)
+                                       or device_placement(on_device, tensors, device))
         if self.resident:
             X = {k: v.to(device) for k, v in X.items()} if isinstance(X, dict) else X.to(device)
             y = None if y is None else y.to(device)
@@ -136,10 +138,6 @@ class ArraySource:
         else:
             y = take(self.y)
         return [X, y]
-
-
-def _on(t: torch.Tensor, device: torch.device) -> bool:
-    return t.device.type == device.type and (device.index is None or t.device.index == device.index)
 
 
 def device_placement(on_device: Any, tensors: list[torch.Tensor], device: torch.device) -> bool:
@@ -345,7 +343,7 @@ def array_batches(net: Any, dataset: Any, training: bool, sources: dict | None) 
             return None
         device = torch.device(net.device) if net.device is not None else None
         tensors = [*(X.values() if isinstance(X, dict) else [X]), *([] if y is None else [y])]
-        if any(t.device.type != "cpu" and (device is None or not _on(t, device)) for t in tensors):
+        if any(not t.is_cpu and not is_on(t, device) for t in tensors):
             return None  # tensors on another device: skorch's path moves each batch
         source = (base, ArraySource(X, y, device, net.data_on_device))
         if sources is not None:

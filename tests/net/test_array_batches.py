@@ -304,3 +304,16 @@ def test_is_on_follows_torch_s_to():
     assert not is_on(t, "cuda") and not is_on(t, torch.device("cuda", 1)) and not is_on(t, "meta")
     assert t.to("cpu") is t and t.to(torch.device("cpu")) is t  # what is_on stands for: no copy
     assert not is_on(t, "cpu:0") and t.to("cpu:0") is not t  # torch copies here
+
+
+def test_a_memmap_and_a_net_without_a_device(tmp_path):
+    X, y = _data("float32")
+    mapped = np.lib.format.open_memmap(tmp_path / "X.npy", mode="w+", dtype=np.float32, shape=X.shape)
+    mapped[:] = X
+    for kwargs in (dict(), dict(device=None)):
+        ours, theirs = _iterators(Dataset(mapped, y), iterator_train__shuffle=True, **kwargs)
+        a, rng_a, _ = _epoch(ours, 0)
+        b, rng_b, _ = _epoch(theirs, 0)
+        for x, z in zip(a, b):
+            _assert_same_batch(x, z)
+        assert torch.equal(rng_a, rng_b)
