@@ -21,7 +21,7 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 import torch
 from skorch import NeuralNet
-from skorch.callbacks import Callback, LRScheduler, PassthroughScoring
+from skorch.callbacks import Callback, LRScheduler, PassthroughScoring, PrintLog
 from skorch.history import History
 from skorch.dataset import get_len
 from skorch.utils import TeeGenerator
@@ -50,6 +50,7 @@ __all__ = [
     "SKIP_CAUSES",
     "skip_cause",
     "TrainLoss",
+    "QuietPrintLog",
     "default_callbacks",
 ]
 
@@ -616,11 +617,29 @@ class TrainLoss(PassthroughScoring):
             history.record(self.name + "_best", bool(is_best))
 
 
+class QuietPrintLog(PrintLog):
+    """skorch's ``PrintLog``, which with ``verbose=0`` and its ``sink`` left
+    at ``print`` prints nothing: then it does not build the table it would
+    not print (a few hundred Python calls an epoch), and otherwise is skorch's."""
+
+    def on_epoch_end(self, net: Any, **kwargs: Any) -> None:
+        if self.sink is print and not net.verbose:
+            self.first_iteration_ = False  # as after skorch's silent first epoch
+            return
+        super().on_epoch_end(net, **kwargs)
+
+
 def default_callbacks(callbacks: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
-    """skorch's default callbacks, with :class:`TrainLoss` as ``train_loss``."""
-    return [(name, TrainLoss(name="train_loss", on_train=True)
-             if name == "train_loss" and type(cb) is PassthroughScoring else cb)
-            for name, cb in callbacks]
+    """skorch's default callbacks, with :class:`TrainLoss` as ``train_loss``
+    and :class:`QuietPrintLog` as ``print_log``."""
+    out = []
+    for name, cb in callbacks:
+        if name == "train_loss" and type(cb) is PassthroughScoring:
+            cb = TrainLoss(name="train_loss", on_train=True)
+        elif name == "print_log" and type(cb) is PrintLog:
+            cb = QuietPrintLog()
+        out.append((name, cb))
+    return out
 
 
 # ---- checks -----------------------------------------------------------------------

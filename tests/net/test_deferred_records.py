@@ -351,3 +351,28 @@ def test_with_the_limit_on_the_device_a_recovering_run_trains_on():
         net.fit(X, y)
     assert [r["step_skipped"] for r in net.history[-1, "batches"]] == [True, True] + [False] * 8
     assert net.amp_step_state_.consecutive_skips == 0
+
+
+@pytest.mark.parametrize("verbose", [0, 1])
+def test_print_log_prints_as_skorch_s(verbose, capsys):
+    from skorch import NeuralNetClassifier
+    from skorch.callbacks import PrintLog
+
+    X, y = _data(64)
+    kw = dict(module=Logits, criterion=torch.nn.CrossEntropyLoss, max_epochs=2, batch_size=16, train_split=None,
+              verbose=verbose)
+    net = AmpNetClassifier(**kw).fit(X, y)
+    ours = capsys.readouterr().out
+    NeuralNetClassifier(**kw).fit(X, y)
+    theirs = capsys.readouterr().out
+    assert isinstance(dict(net.callbacks_)["print_log"], PrintLog)
+    assert not dict(net.callbacks_)["print_log"].first_iteration_
+    if verbose:  # the same table (skorch's columns, AMP off; durations differ)
+        assert ours.splitlines()[0].split() == theirs.splitlines()[0].split() == ["epoch", "train_loss", "dur"]
+        assert len(ours.splitlines()) == len(theirs.splitlines()) == 4
+    else:
+        assert ours == theirs == ""
+    # a sink of the user's own gets every line, silent or not
+    lines = []
+    AmpNetClassifier(**{**kw, "verbose": 0}, callbacks__print_log__sink=lines.append).fit(X, y)
+    assert len(lines) == 4
