@@ -275,7 +275,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin, ReportsMixin):
     def get_iterator(self, dataset, training=False):
         """skorch's iterator; for array data with skorch's ``Dataset`` and
         torch's ``DataLoader``, the same batches gathered with one index
-        (``batch_gather``: :func:`ampnet.training.batches.array_batches`)."""
+        (``batch_gather``: ``ampnet.training.batches.array_batches``)."""
         parallel = self.__dict__.get("parallel_")
         iterator = parallel.iterator(self, dataset, training) if parallel is not None else None
         if iterator is None and parsed(self, "batch_gather"):
@@ -285,11 +285,11 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin, ReportsMixin):
 
     def run_single_epoch(self, iterator, training, prefix, step_fn, **fit_params):
         """skorch's loop over an epoch's batches, with no host read per batch
-        (:func:`ampnet.training.step.run_epoch`)."""
+        (``ampnet.training.step.run_epoch``)."""
         steps.run_epoch(self, iterator, training, prefix, step_fn, **fit_params)
 
     def initialize_history(self):
-        """skorch's history, as a :class:`ampnet.training.records.DeferredHistory`
+        """skorch's history, as a ``ampnet.training.records.DeferredHistory``
         (the same rows; values still on the device are written before any read)."""
         if self.history_ is None:
             self.history_ = DeferredHistory()

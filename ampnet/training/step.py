@@ -118,7 +118,7 @@ def train_step(net: Any, batch: Any, **fit_params: Any) -> dict[str, Any]:
     6. step each optimizer whose gradients are finite: on the device
        (fused optimizers take the flag), or after one host read;
     7. one scaler update; the step's outcome into the records
-       (:mod:`ampnet.training.records`): ``loss_scale``, ``step_skipped``
+       (``ampnet.training.records``): ``loss_scale``, ``step_skipped``
        and a skipped step's ``skip_cause`` in the history, read from the
        device when something reads the history, or at the epoch's end.
     """
@@ -721,7 +721,7 @@ def uses_closure(net: Any, scaling: bool, skip_nonfinite: bool, accumulation: in
 def run_epoch(net: Any, iterator: Any, training: bool, prefix: str, step_fn: Any, **fit_params: Any) -> None:
     """skorch's ``run_single_epoch``, without a host read per batch: each
     batch's loss goes into the history through the fit's records
-    (:mod:`ampnet.training.records`), read when the loop ends or when
+    (``ampnet.training.records``), read when the loop ends or when
     something reads the history; the same rows, keys and values as skorch
     writes. With gradient accumulation, the last batch is flagged."""
     if iterator is None:
