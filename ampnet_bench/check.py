@@ -396,13 +396,24 @@ def _benchmark_command(plan: CheckPlan, workload: str, dtype: str, out: Path) ->
     return command
 
 
-def _run_benchmark_step(plan: CheckPlan, workload: str, dtype: str, out: Path, timeout: float) -> dict[str, Any]:
+#: Runs a benchmark step's command within a time limit: ``run_command(command, timeout)`` returns a
+#: ``subprocess.CompletedProcess`` (with text ``stdout`` and ``stderr``) or raises ``subprocess.TimeoutExpired``.
+RunCommand = Callable[[list[str], float], "subprocess.CompletedProcess[str]"]
+
+
+def _run_command(command: list[str], timeout: float) -> "subprocess.CompletedProcess[str]":
+    """A benchmark step's command in a fresh process (:data:`RunCommand`)."""
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=subprocess_env())
+
+
+def _run_benchmark_step(plan: CheckPlan, workload: str, dtype: str, out: Path, timeout: float,
+                        run_command: RunCommand = _run_command) -> dict[str, Any]:
     command = _benchmark_command(plan, workload, dtype, out)
     started = time.perf_counter()
     step: dict[str, Any] = {"workload": workload, "dtype": dtype, "status": "ok", "error": None,
                             "result": None, "command": _display(command)}
     try:
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=subprocess_env())
+        proc = run_command(command, timeout)
         if proc.returncode != 0 or not (out / "results.json").exists():
             tail = [line for line in (proc.stderr or proc.stdout).splitlines() if line.strip()]
             step.update(status="failed", error=tail[-1] if tail else f"exit status {proc.returncode}")
@@ -422,7 +433,8 @@ def _display(command: list[str]) -> str:
 # ---- the check ----------------------------------------------------------------------------------
 
 
-def run_check(plan: CheckPlan, report: str | Path, log: Logger = _stderr) -> dict[str, Any]:
+def run_check(plan: CheckPlan, report: str | Path, log: Logger = _stderr,
+              run_command: RunCommand = _run_command) -> dict[str, Any]:
     """Run the check's steps within ``plan.budget_s`` and write the Markdown report.
 
     Parameters
@@ -435,6 +447,10 @@ def run_check(plan: CheckPlan, report: str | Path, log: Logger = _stderr) -> dic
 
     log : callable
       Receives one progress line per step.
+
+    run_command : callable
+      Runs each benchmark step's command (:data:`RunCommand`; default: a
+      fresh process with the step's time limit).
 
     Returns
     -------
@@ -463,7 +479,8 @@ def run_check(plan: CheckPlan, report: str | Path, log: Logger = _stderr) -> dic
                                         "error": None, "result": None, "seconds": 0.0})
             return
         log(f"[check] {name} ...")
-        step = _run_benchmark_step(plan, workload, dtype, Path(tmp) / f"{workload}-{dtype}", min(left(), limit))
+        step = _run_benchmark_step(plan, workload, dtype, Path(tmp) / f"{workload}-{dtype}", min(left(), limit),
+                                   run_command)
         check["benchmarks"].append(step)
         steps.append({"name": name, "status": step["status"], "seconds": step["seconds"], "optional": optional})
         log(f"[check] {name}: {step['status']} ({step['seconds']:.1f} s)")

@@ -582,7 +582,7 @@ MODEL_DIMS: "Mapping[str, tuple[Mapping[str, Any], Mapping[str, Any]]]" = Mappin
     ),
     "resnet50": (
         MappingProxyType(dict(size=224, widths=(64, 128, 256, 512), blocks=(3, 4, 6, 3))),
-        MappingProxyType(dict(size=32, widths=(8, 16, 32, 64), blocks=(1, 1, 1, 1))),
+        MappingProxyType(dict(size=32, widths=(4, 8, 16, 32), blocks=(1, 1, 1, 1))),
     ),
     "encoder": (
         MappingProxyType(dict(vocab=30522, seq_len=128, d_model=768, n_heads=12, d_ff=3072, n_layers=12)),
