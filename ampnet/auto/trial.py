@@ -120,7 +120,7 @@ class Trial:
     def run(self, net: Any, step: Callable[..., dict], batch: Any, **fit_params: Any) -> dict:
         """One micro-batch through ``step`` (:func:`ampnet.training.step.train_step`),
         in the candidate of its step, timed; a step's end is recorded."""
-        state, prec = net.amp_step_state_, net.precision_
+        state = net.amp_step_state_
         begins = state.micro_batches == 0
         if begins:
             self._elapsed = 0.0
@@ -131,12 +131,12 @@ class Trial:
         timed = not self.decided or self.device.type == "cpu"  # CUDA: no synchronization once decided
         if timed and begins:
             self._sync()
-        prec.float32_step = not self.decided and self._current == 0
+        state.float32_step = not self.decided and self._current == 0  # the fit's state, not the component's
         start = time.perf_counter()
         try:
             out = step(net, batch, **fit_params)
         finally:
-            prec.float32_step = False
+            state.float32_step = False
         if timed:
             if state.micro_batches == 0:
                 self._sync()

@@ -156,7 +156,7 @@ def test_a_float32_choice_keeps_the_optimizer_and_its_schedule(data, native_bf16
     for key in ("fused", "foreach"):  # the kernel a float32 net builds
         assert net.optimizer_.defaults[key] == pinned.optimizer_.defaults[key]
         assert net.optimizer_.param_groups[0][key] == pinned.optimizer_.param_groups[0][key]
-    assert not net.precision_.float32_step
+    assert not net.amp_step_state_.float32_step
 
 
 def test_a_mixed_step_whose_forward_pass_overflows_is_unhealthy(data, native_bf16):
