@@ -96,7 +96,7 @@ def _resolve_enabled(net: Any, X: Any, y: Any, saved: Any, source: str | None, e
         return _apply(net, AutotuneResult(candidates[0], source="device", device=str(device),
                                           table=table_of(candidates, None, not_worth), note=not_worth))
     key = cache.cache_key(net, candidates) if settings["cache"] is not False else None
-    folder = cache.cache_dir() if settings["cache"] is True else settings["cache"]
+    folder = cache.cache_dir(None if settings["cache"] is True else settings["cache"])
     stored = _stored(net, key, candidates, folder)
     if stored is not None:
         index, entry, where = stored

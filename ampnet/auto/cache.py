@@ -7,7 +7,8 @@ The key is what decides the choice (:func:`cache_key`): the machine (CPU
 model and bf16 flags, or the GPU's name and compute capability), torch's
 thread count, the torch version, the model's parameter shapes and dtypes,
 the batch size, the optimizer classes and the candidates the net's settings
-allow. The folder is ``AMPNET_CACHE_DIR`` where that is set, else the
+allow. The folder is ``AMPNET_CACHE_DIR`` where that is set (a leading
+``~`` is the home folder, there and in ``amp_autotune__cache``), else the
 user's cache folder by the platform's convention (``platformdirs``:
 ``~/.cache/ampnet`` on Linux). ``amp_autotune__cache=False`` turns it off
 for a net: nothing is read or written.
@@ -50,11 +51,25 @@ _VERSION = 1
 _PREFIX = "auto-"
 
 
-def cache_dir() -> str:
-    """``AMPNET_CACHE_DIR``, else the platform's user cache folder for ampnet."""
-    given = os.environ.get("AMPNET_CACHE_DIR")
+def cache_dir(folder: str | None = None) -> str:
+    """The folder of the cache: ``folder`` (a net's ``amp_autotune__cache``)
+    where given, else ``AMPNET_CACHE_DIR`` where that is set, else the
+    platform's user cache folder for ampnet; a leading ``~`` is the user's
+    home folder, as in a shell.
+
+    Parameters
+    ----------
+    folder : str or None
+      A folder of the user's own; None: the default folder.
+
+    Returns
+    -------
+    str
+      The folder, ``~`` expanded.
+    """
+    given = folder or os.environ.get("AMPNET_CACHE_DIR")
     if given:
-        return given
+        return os.path.expanduser(given)
     return platformdirs.user_cache_dir("ampnet", appauthor=False)
 
 
