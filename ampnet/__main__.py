@@ -1,6 +1,8 @@
 """``python -m ampnet``: train on scikit-learn's digits in float32, with
 mixed precision, and with ``amp_enabled='auto'`` (which measures which of
 them pays off on this machine), and print what each run did.
+``python -m ampnet cache`` shows where ``amp_enabled='auto'`` stores its
+choices, and ``python -m ampnet cache --clear`` removes them.
 
 Each run's "done in" time is that of its ``fit`` (``amp_enabled='auto'``'s
 measuring steps included), measured after an untimed warm-up; the table's "median
@@ -147,6 +149,11 @@ def _positive(value: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["cache"]:  # python -m ampnet cache [--clear]: amp_enabled='auto''s stored choices
+        from ampnet.auto import manage_cache
+
+        return manage_cache(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m ampnet", description=__doc__.replace("``", "`"))  # reST markup reads as Markdown here
     parser.add_argument("--epochs", type=_positive, default=6, help="training epochs of each run (default: 6)")
     parser.add_argument("--hidden", type=_positive, default=512,

@@ -20,7 +20,8 @@ reported as a problem (the caller warns once and measures, and the new
 entry replaces it). Writes go to a temporary file in the same folder and
 are renamed into place, so a reader sees a whole entry or none, whatever
 the number of concurrent writers; the folder keeps at most
-:data:`MAX_ENTRIES` entries, the oldest removed first.
+:data:`MAX_ENTRIES` entries, the oldest removed first. ``python -m ampnet
+cache --clear`` (:mod:`ampnet.auto.cache_command`) removes them all.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from typing import Any, Mapping
 import platformdirs
 import torch
 
-__all__ = ["cache_dir", "cache_key", "read_entry", "write_entry", "forget_entry", "machine_choices", "MAX_BYTES",
+__all__ = ["cache_dir", "entry_path", "cache_key", "read_entry", "write_entry", "forget_entry", "machine_choices", "MAX_BYTES",
            "MAX_ENTRIES"]
 
 #: The most bytes an entry may have; a larger file is refused unread.
@@ -119,6 +120,11 @@ def cache_key(net: Any, candidates: list[dict[str, Any]]) -> dict[str, Any]:
         "accumulation": net.gradient_accumulation_steps, "optimizers": optimizers,
         "candidates": candidates,
     }
+
+
+def entry_path(key: Mapping[str, Any], folder: str | None = None) -> str:
+    """The file of ``key``'s entry in ``folder`` (default: :func:`cache_dir`)."""
+    return _path(folder or cache_dir(), key)
 
 
 def _path(folder: str, key: Mapping[str, Any]) -> str:

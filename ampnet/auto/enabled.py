@@ -81,7 +81,10 @@ class AutotuneResult:
       machine got busy, the first batches were unrepresentative): the
       stored entry is then dropped, and the next fit measures again.
     cache : str or None
-      The cache file read or written, or why there was none.
+      What the cache did, in words, naming the entry's file (in the cache
+      folder: ``AMPNET_CACHE_DIR``, the user's cache folder or
+      ``amp_autotune__cache``): read from it, stored in it, or not kept;
+      or why nothing was stored. None where the cache was not used.
     device : str
       The device it chose for.
     """
