@@ -116,8 +116,16 @@ class AutotuneResult:
                          f"Cost: {self.cost_s:.2f} s.")
         for text in (self.note, self.check, self.cache):
             if text:
-                lines.append(text[:1].upper() + text[1:] + ("" if text.endswith(".") else "."))
+                lines.append(_sentence(text))
         return "\n".join(lines)
+
+
+def _sentence(text: str) -> str:
+    """``text`` as a sentence: a first word of plain letters capitalised (not
+    a name from code, such as ``f_params='...'``), a full stop at the end."""
+    first = text.split(" ", 1)[0]
+    head = text[:1].upper() + text[1:] if first.isalpha() and first.islower() else text
+    return head + ("" if text.endswith(".") else ".")
 
 
 def _short(text: str) -> str:
