@@ -48,7 +48,7 @@ from ampnet.serving.conversion import ConversionMixin
 from ampnet.diagnostics.reports import ReportsMixin
 from ampnet.io.persistence import PersistenceMixin
 from ampnet.training.parallel import Parallel
-from ampnet.config.params import PARSED_ATTRIBUTE, constructor_defaults, is_auto, is_parsed_name, parsed
+from ampnet.config.params import BUILT_ATTRIBUTE, PARSED_ATTRIBUTE, constructor_defaults, is_auto, is_parsed_name, parsed
 from ampnet.training.batches import array_batches
 from ampnet.training.records import DeferredHistory
 from ampnet.utils.placement import is_on
@@ -153,9 +153,13 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin, ReportsMixin):
 
     def __setattr__(self, name: str, value: Any) -> None:
         # a parameter set by plain assignment (net.amp_dtype = ...), as scikit-learn allows: the parse
-        # that initialize() and set_params made no longer holds, and the next reader parses afresh
+        # that initialize() and set_params made no longer holds, and the next reader parses afresh; an
+        # initialized net keeps the parse its components were built from, so that the next set_params
+        # or partial_fit rebuilds what the assignment changes (reconfigure.assigned_changes)
         if is_parsed_name(name):
-            self.__dict__.pop(PARSED_ATTRIBUTE, None)
+            held = self.__dict__.pop(PARSED_ATTRIBUTE, None)
+            if held is not None and self.__dict__.get("initialized_", False):
+                self.__dict__.setdefault(BUILT_ATTRIBUTE, held)
         super().__setattr__(name, value)
 
     def _component(self, name: str) -> Any:
@@ -252,6 +256,8 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin, ReportsMixin):
         X, y = prepare_fit_inputs(self, X, y)  # a pandas DataFrame X, pandas y (ampnet.training.user_inputs)
         if not self.initialized_:
             self.initialize()
+        elif BUILT_ATTRIBUTE in self.__dict__:  # set by plain assignment since: built as set_params builds it
+            self.set_params(**reconfigure.assigned_changes(self))
         auto.resolve(self, X, y, **fit_params)  # the autos' choices, at the first fit only
         if not is_auto(self.amp_enabled):  # 'auto' measured whether it pays off here
             for notice in self.precision_policy_.notices:

@@ -7,7 +7,8 @@ The key is what decides the choice (:func:`cache_key`): the machine (CPU
 model and bf16 flags, or the GPU's name and compute capability), torch's
 thread count, the torch version, the model's parameter shapes and dtypes,
 the batch size, the optimizer classes and the candidates the net's settings
-allow. The folder is ``AMPNET_CACHE_DIR`` where that is set, else the
+allow. The folder is ``AMPNET_CACHE_DIR`` where that is set (a leading
+``~`` is the home folder, there and in ``amp_autotune__cache``), else the
 user's cache folder by the platform's convention (``platformdirs``:
 ``~/.cache/ampnet`` on Linux). ``amp_autotune__cache=False`` turns it off
 for a net: nothing is read or written.
@@ -19,7 +20,8 @@ reported as a problem (the caller warns once and measures, and the new
 entry replaces it). Writes go to a temporary file in the same folder and
 are renamed into place, so a reader sees a whole entry or none, whatever
 the number of concurrent writers; the folder keeps at most
-:data:`MAX_ENTRIES` entries, the oldest removed first.
+:data:`MAX_ENTRIES` entries, the oldest removed first. ``python -m ampnet
+cache --clear`` (:mod:`ampnet.auto.cache_command`) removes them all.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from typing import Any, Mapping
 import platformdirs
 import torch
 
-__all__ = ["cache_dir", "cache_key", "read_entry", "write_entry", "forget_entry", "machine_choices", "MAX_BYTES",
+__all__ = ["cache_dir", "entry_path", "cache_key", "read_entry", "write_entry", "forget_entry", "machine_choices", "MAX_BYTES",
            "MAX_ENTRIES"]
 
 #: The most bytes an entry may have; a larger file is refused unread.
@@ -50,11 +52,25 @@ _VERSION = 1
 _PREFIX = "auto-"
 
 
-def cache_dir() -> str:
-    """``AMPNET_CACHE_DIR``, else the platform's user cache folder for ampnet."""
-    given = os.environ.get("AMPNET_CACHE_DIR")
+def cache_dir(folder: str | None = None) -> str:
+    """The folder of the cache: ``folder`` (a net's ``amp_autotune__cache``)
+    where given, else ``AMPNET_CACHE_DIR`` where that is set, else the
+    platform's user cache folder for ampnet; a leading ``~`` is the user's
+    home folder, as in a shell.
+
+    Parameters
+    ----------
+    folder : str or None
+      A folder of the user's own; None: the default folder.
+
+    Returns
+    -------
+    str
+      The folder, ``~`` expanded.
+    """
+    given = folder or os.environ.get("AMPNET_CACHE_DIR")
     if given:
-        return given
+        return os.path.expanduser(given)
     return platformdirs.user_cache_dir("ampnet", appauthor=False)
 
 
@@ -104,6 +120,11 @@ def cache_key(net: Any, candidates: list[dict[str, Any]]) -> dict[str, Any]:
         "accumulation": net.gradient_accumulation_steps, "optimizers": optimizers,
         "candidates": candidates,
     }
+
+
+def entry_path(key: Mapping[str, Any], folder: str | None = None) -> str:
+    """The file of ``key``'s entry in ``folder`` (default: :func:`cache_dir`)."""
+    return _path(folder or cache_dir(), key)
 
 
 def _path(folder: str, key: Mapping[str, Any]) -> str:

@@ -30,6 +30,7 @@ from ampnet.utils.tree import has_nonfinite, nonfinite_flag
 from ampnet.training.batches import ArrayBatches
 from ampnet.training.records import PENDING, BatchRecords, DeferredHistory, SkipGuard, StepEntry, current_row
 from ampnet.exceptions import AmpDivergenceError, AmpStateError, amp_warn
+from ampnet.config.params import is_auto, parsed
 
 __all__ = [
     "StepState",
@@ -427,7 +428,7 @@ def _record_rows(net: Any, state: StepState, boundary: bool) -> None:
     or loss scaling), in skorch's order: ``step_skipped`` False inside an
     accumulation group, :data:`~ampnet.training.records.PENDING` at a
     boundary until the step's outcome is known (``finish_step`` writes it)."""
-    if not net.precision_.records:
+    if not _records(net):
         return
     found = state.row if state.row is not None else current_row(net.history)
     if found is None:
@@ -575,10 +576,19 @@ def begin_epoch(net: Any) -> None:
     state.modules = _all_modules(net)
 
 
+def _records(net: Any) -> bool:
+    """Whether every batch and epoch of ``net`` records ``loss_scale`` and
+    ``step_skipped``/``skipped_steps``: AMP on, loss scaling, or
+    ``amp_enabled='auto'`` whatever it chose (so that a float32 choice made
+    mid-fit keeps the history's columns: a float32 step records a scale of
+    1.0 and its skip)."""
+    return net.precision_.records or is_auto(parsed(net, "amp_enabled"))
+
+
 def record_epoch(net: Any) -> None:
     """The epoch's ``loss_scale`` and ``skipped_steps``."""
     state = net.amp_step_state_
-    if net.precision_.records:
+    if _records(net):
         net.history.record("loss_scale", current_scale(net))
         net.history.record("skipped_steps", state.epoch_skips)
     elif state.epoch_skips:
