@@ -803,28 +803,26 @@ class _RowRecorder(torch.nn.Module):
         self.batches = []
 
     def forward(self, X):
-        self.batches.append(X[:, 0].long().tolist())
+        self.batches.append(X[:, 0].detach().clone())  # no host read here: the test counts them
         return self.linear(X)
 
 
-def test_careful_loop_batches_every_row_once_an_epoch_and_reads_the_loss_once(monkeypatch):
+def test_careful_loop_batches_every_row_once_an_epoch_and_reads_the_loss_once():
     from ampnet_bench.careful_loop import careful_train
+    from host_reads import HostReadCounter
 
     X = torch.stack([torch.arange(70.0), torch.randn(70)], dim=1)
     y = torch.randint(0, 2, (70,))
-    reads = []
-    for name in ("item", "__float__"):
-        original = getattr(torch.Tensor, name)
-        monkeypatch.setattr(torch.Tensor, name, lambda self, _o=original, _n=name: reads.append(_n) or _o(self))
     ticks = iter([0.0, 2.0, 10.0, 13.0])
     model = _RowRecorder()
-    run = careful_train(model, X, y, batch_size=32, epochs=2, optimizer_cls=torch.optim.SGD,
-                        optimizer_kwargs={"lr": 0.1, "momentum": 0.9}, clock=lambda: next(ticks))
-    monkeypatch.undo()
+    with HostReadCounter() as counter:
+        run = careful_train(model, X, y, batch_size=32, epochs=2, optimizer_cls=torch.optim.SGD,
+                            optimizer_kwargs={"lr": 0.1, "momentum": 0.9}, clock=lambda: next(ticks))
     assert run.epoch_times == [2.0, 3.0]  # the clock's differences
-    assert reads == ["__float__", "__float__"]  # the loss read once an epoch, never per step
-    assert [len(b) for b in model.batches] == [32, 32, 6, 32, 32, 6]
-    first, second = sum(model.batches[:3], []), sum(model.batches[3:], [])
+    assert counter.count == 2  # the loss read once an epoch, never per step
+    batches = [b.long().tolist() for b in model.batches]
+    assert [len(b) for b in batches] == [32, 32, 6, 32, 32, 6]
+    first, second = sum(batches[:3], []), sum(batches[3:], [])
     assert sorted(first) == sorted(second) == list(range(70)) and first != second  # a new permutation each epoch
     assert run.optimizer_impl == "fused" and run.optimizer.defaults["fused"] is True
     assert len(run.epoch_losses) == 2 and all(math.isfinite(v) for v in run.epoch_losses)
@@ -860,20 +858,22 @@ def test_float32_mode_sets_tf32_and_restores_it():
             pass
 
 
-def test_item_loop_reads_the_loss_every_step(monkeypatch):
-    from ampnet_bench.contenders import _item_train
+def test_item_loop_reads_the_loss_every_step():
+    from ampnet_bench.contenders import _item_train, _shuffle_generator
+    from host_reads import HostReadCounter
 
     cfg = BenchConfig(workloads=("overhead",), quick=True, threads=1)
     wl = cfg.workload("overhead")
     data = wl.make_data(cfg.seed)
-    reads = []
-    original = torch.Tensor.item
-    # the loss's reads (the DataLoader's sampler reads its seed once an epoch too)
-    monkeypatch.setattr(torch.Tensor, "item", lambda self: reads.append(self.grad_fn is not None) or original(self))
-    times, loss, _, optimizer = _item_train(_contender("raw-item-amp"), wl, data, cfg, epochs=2)
-    monkeypatch.undo()
-    assert sum(reads) == 2 * wl.n_batches and len(times) == 2 and math.isfinite(loss)
-    assert not optimizer.defaults.get("fused")
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(data.X, data.y), batch_size=wl.batch_size,
+                                         shuffle=True, generator=_shuffle_generator(cfg))
+    with HostReadCounter() as loading:  # what the DataLoader's sampler reads itself (its seed, its order)
+        for _ in range(2):
+            list(loader)
+    with HostReadCounter() as counter:
+        times, loss, _, optimizer = _item_train(_contender("raw-item-amp"), wl, data, cfg, epochs=2)
+    assert counter.count - loading.count == 2 * wl.n_batches  # loss.item() each step
+    assert len(times) == 2 and math.isfinite(loss) and not optimizer.defaults.get("fused")
 
 
 def test_float8_contender_runs_only_where_it_can():
