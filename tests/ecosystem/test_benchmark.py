@@ -761,6 +761,9 @@ def test_gpu_workloads_are_the_stated_models():
     assert {t.comparison for t in r.targets} == {t.comparison for t in e.targets} == {
         "ampnet_mixed_vs_careful", "ampnet_mixed_vs_careful_ieee"}
     assert {t.comparison for t in d.targets} == {"ampnet_mixed_vs_careful"}
+    # named on the command line, not part of --workload all
+    assert not set(GPU_WORKLOADS) & set(cli.config_from_args(cli.build_parser().parse_args([])).workloads)
+    assert cli.config_from_args(cli.build_parser().parse_args(["--workload", "decoder"])).workloads == ("decoder",)
 
 
 def test_the_decoder_is_causal_and_its_loss_covers_every_token():
@@ -939,6 +942,16 @@ def test_overhead_and_gpu_workloads_run_their_contenders_in_quick_mode():
             assert c["available"] and math.isfinite(c["final_loss"]) and 0 <= c["accuracy"] <= 1, (name, key)
         assert by_key(w, "raw-careful-tf32")["error"] == "skipped: TF32 is a CUDA setting (this run: the CPU)"
         assert by_key(w, "ampnet-float8")["error"].startswith("skipped: ")
+
+
+def test_a_skipped_contender_in_a_fresh_process_reads_its_reason():
+    from ampnet_bench.contenders import ContenderUnavailable
+    from ampnet_bench.worker import run_in_subprocess
+
+    cfg = BenchConfig(workloads=("overhead",), quick=True, rounds=1, epochs=1, warmup=0, threads=1)
+    with pytest.raises(ContenderUnavailable) as exc:
+        run_in_subprocess(cfg, "overhead", "raw-careful-tf32")
+    assert str(exc.value) == "skipped: TF32 is a CUDA setting (this run: the CPU)"
 
 
 # ---- the overhead regime's table on the performance page ------------------------------------------
