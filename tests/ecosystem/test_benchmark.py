@@ -1052,3 +1052,63 @@ def test_performance_page_shows_the_overhead_table_from_the_json():
                "`python tools/overhead_benchmark.py`." in section
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert "AMP pays where large matrix products and convolutions fill a step" in readme
+
+
+# ---- on a GPU (pytest -m gpu; the check runs them) ------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_careful_loop_makes_no_host_sync_per_step_on_cuda():
+    import warnings
+
+    from ampnet_bench.careful_loop import careful_train
+
+    def syncs(n_rows):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(20, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2)).cuda()
+        X, y = torch.randn(n_rows, 20, device="cuda"), torch.randint(0, 2, (n_rows,), device="cuda")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                careful_train(model, X, y, batch_size=32, epochs=1, optimizer_cls=torch.optim.SGD,
+                              optimizer_kwargs={"lr": 0.01, "momentum": 0.9}, device="cuda")
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        return sum("synchronizing" in str(w.message).lower() for w in caught)
+
+    syncs(64)  # warm-up
+    assert syncs(32 * 12) == syncs(32 * 4)  # 8 more steps, not one more sync
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_float32_mode_switches_tf32_for_cuda_matmuls():
+    from ampnet_bench.careful_loop import float32_mode
+
+    if torch.cuda.get_device_capability() < (8, 0):
+        pytest.skip("TF32 needs compute capability >= 8.0")
+    a = torch.randn(512, 512, device="cuda")
+    exact = (a.double() @ a.double()).float()
+    with float32_mode("ieee"):
+        ieee = a @ a
+    with float32_mode("tf32"):
+        tf32 = a @ a
+    assert (ieee - exact).abs().max() < (tf32 - exact).abs().max()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_workloads_run_every_contender_on_cuda():
+    from ampnet_bench.contenders import GPU_CONTENDERS
+
+    for name in ("resnet50", "encoder", "decoder"):
+        cfg = BenchConfig(workloads=(name,), device="cuda", quick=True, rounds=1, epochs=1, warmup=0, threads=1,
+                          optimizer="adamw", memory="off", isolation="inprocess", contenders=GPU_CONTENDERS)
+        w = runner.run_benchmark(cfg, log=lambda msg: None)["workloads"][0]
+        for c in w["contenders"]:
+            if c["key"] == "ampnet-float8":  # runs, or says why not
+                assert c["available"] or c["error"].startswith(("skipped: ", "not available in this version")), c
+                continue
+            assert c["available"], (name, c["key"], c["error"])
