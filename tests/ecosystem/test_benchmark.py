@@ -831,6 +831,19 @@ def test_careful_loop_batches_every_row_once_an_epoch_and_reads_the_loss_once():
     assert len(run.epoch_losses) == 2 and all(math.isfinite(v) for v in run.epoch_losses)
 
 
+def test_careful_loop_refuses_bad_sizes():
+    from ampnet_bench.careful_loop import careful_train
+
+    X, y = torch.randn(8, 2), torch.zeros(8, dtype=torch.int64)
+    kwargs = dict(optimizer_cls=torch.optim.SGD, optimizer_kwargs={"lr": 0.1})
+    with pytest.raises(ValueError, match=r"batch_size must be a positive integer; got 0\. Pass e\.g\. batch_size=32"):
+        careful_train(torch.nn.Linear(2, 2), X, y, batch_size=0, epochs=1, **kwargs)
+    with pytest.raises(ValueError, match=r"epochs must be a positive integer; got 1\.5\. Pass e\.g\. epochs=1"):
+        careful_train(torch.nn.Linear(2, 2), X, y, batch_size=4, epochs=1.5, **kwargs)
+    with pytest.raises(ValueError, match=r"X and y must hold the same rows; got 8 and 7\."):
+        careful_train(torch.nn.Linear(2, 2), X, y[:7], batch_size=4, epochs=1, **kwargs)
+
+
 def test_careful_loop_falls_back_to_foreach_where_fused_is_refused():
     from ampnet_bench.careful_loop import make_fast_optimizer
 
