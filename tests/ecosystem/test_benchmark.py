@@ -1052,6 +1052,17 @@ def test_overhead_tool_writes_the_json_and_the_page(tmp_path):
     assert update_overhead_section(text, placeholder_overhead()).count("not yet measured on a quiet machine") == 1
 
 
+def test_a_failed_write_leaves_the_old_file(tmp_path):
+    from ampnet_bench.files import write_text_atomic
+
+    path = tmp_path / "report.md"
+    write_text_atomic(path, "old\n")
+    with pytest.raises(UnicodeEncodeError):
+        write_text_atomic(path, "new \ud800\n")  # fails while writing
+    assert path.read_text() == "old\n" and [p.name for p in tmp_path.iterdir()] == ["report.md"]
+    assert write_text_atomic(tmp_path / "sub" / "r.md", "x") == tmp_path / "sub" / "r.md"
+
+
 def test_performance_page_shows_the_overhead_table_from_the_json():
     from ampnet_bench.overhead_table import update_overhead_section
     from repo_paths import ROOT
