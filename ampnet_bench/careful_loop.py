@@ -171,7 +171,21 @@ def careful_train(
     Returns
     -------
     CarefulRun
+
+    Raises
+    ------
+    ValueError
+      ``batch_size`` or ``epochs`` is not a positive integer, or ``X`` and
+      ``y`` differ in length.
     """
+    for name, value in (("batch_size", batch_size), ("epochs", epochs)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer; got {value!r}. Pass e.g. {name}=32"
+                             if name == "batch_size" else
+                             f"{name} must be a positive integer; got {value!r}. Pass e.g. {name}=1")
+    if len(X) != len(y):
+        raise ValueError(f"X and y must hold the same rows; got {len(X)} and {len(y)}. Pass y with one target "
+                         f"per row of X")
     device = torch.device(device)
     model = model.to(device)
     X, y = X.to(device), y.to(device)

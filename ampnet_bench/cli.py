@@ -42,6 +42,10 @@ examples:
       --contenders raw-amp,raw-amp-aa,ampnet-mixed,ampnet-pure-comp-fused,lightning
   MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=17179869184 \\
       python -m ampnet.benchmark --workload overhead predict --threads 2
+  python -m ampnet.benchmark --workload overhead --threads 1 --contenders raw-careful,raw-careful-aa,\\
+raw-item-amp,skorch-fp32,ampnet-fp32,ampnet-mixed   # the trainer's own cost (tools/overhead_benchmark.py)
+  python -m ampnet.benchmark --workload resnet50 encoder decoder --device cuda --optimizer adamw \\
+      --contenders raw-careful-fp32,raw-careful-tf32,raw-careful,raw-careful-aa,ampnet-mixed,ampnet-auto
 """
 
 #: Defaults of the run-length options, normal and --quick.
@@ -146,11 +150,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"comma-separated subset of: {', '.join(CONTENDER_KEYS)}")
     check = p.add_argument_group(
         "one-call GPU check",
-        "--check runs pytest -m gpu, counts host syncs per training step, and benchmarks the model "
-        f"workloads ({', '.join(MODEL_WORKLOADS)}, or --workload) on CUDA in bf16 and fp16 (2 rounds; "
-        "the contenders of the docs' tables, or --contenders), with what amp_enabled='auto' chose on "
-        "each, within --budget-s; writes one Markdown report. --dry-run: the same steps on the CPU at "
-        "quick sizes.")
+        "--check runs, in this order, the workloads sized for a GPU "
+        f"({', '.join(GPU_WORKLOADS)}) in bf16 and the overhead workload on CUDA, counts host syncs per "
+        "training step, runs pytest -m gpu, then as time allows the model workloads "
+        f"({', '.join(MODEL_WORKLOADS)}) in bf16 and fp16 (2 rounds; --workload narrows the workloads, "
+        "--contenders the model workloads' contenders), with what amp_enabled='auto' chose on each, "
+        "within --budget-s; writes one Markdown report that opens with the targets. --dry-run: the "
+        "same steps on the CPU at quick sizes.")
     check.add_argument("--check", action="store_true", help="run the GPU check (see above)")
     check.add_argument("--dry-run", action="store_true",
                        help="with --check: run its steps on the CPU at quick sizes (no GPU needed)")

@@ -564,7 +564,6 @@ def _net_train(
     fit_epochs = max(epochs, cfg.auto_fit_epochs) if contender.auto else epochs
     clock = EpochClock(cfg.device, stop_after=epochs if fit_epochs > epochs else None)
     if contender.amp_dtype == "float8":
-        _check_float8(cfg, wl)
         try:  # another version of ampnet may not have float8 or compile: reported, not a failure
             net = _make_net(
                 contender, wl.build_module(cfg.seed), wl, cfg, max_epochs=fit_epochs, callbacks=[clock]
@@ -631,6 +630,14 @@ def _check_float8(cfg: BenchConfig, wl: Workload) -> None:
         raise ContenderUnavailable(reason)
 
 
+def _check_runnable(contender: Contender, wl: Workload, cfg: BenchConfig) -> None:
+    """Raise :class:`ContenderUnavailable` for a contender this device or workload cannot run."""
+    if contender.float32 == "tf32" and cfg.device_type != "cuda":
+        raise ContenderUnavailable("skipped: TF32 is a CUDA setting (this run: the CPU)")
+    if contender.amp_dtype == "float8":
+        _check_float8(cfg, wl)
+
+
 # ---- the careful loop and the loop that reads the loss each step -----------------
 
 
@@ -640,8 +647,6 @@ def _careful_train(
     """:func:`ampnet_bench.careful_loop.careful_train` on the workload."""
     from ampnet_bench.careful_loop import careful_train
 
-    if contender.float32 == "tf32" and cfg.device_type != "cuda":
-        raise ContenderUnavailable("skipped: TF32 is a CUDA setting (this run: the CPU)")
     opt_cls, opt_kwargs = cfg.optimizer_spec()
     run = careful_train(
         wl.build_module(cfg.seed), data.X, data.y, batch_size=wl.batch_size, epochs=epochs,
@@ -808,7 +813,15 @@ def run_contender(
     Returns
     -------
     RunOutcome
+
+    Raises
+    ------
+    ContenderUnavailable
+      The contender cannot run on this device or workload (TF32 off CUDA;
+      float8 without CUDA of compute capability >= 8.9 and torchao, or off
+      the encoder and decoder; float8 refused by this version of ampnet).
     """
+    _check_runnable(contender, wl, cfg)
     meter = meter if meter is not None else contextlib.nullcontext()
     n_epochs = cfg.warmup + cfg.epochs
     with warnings.catch_warnings(record=True) as recorded:

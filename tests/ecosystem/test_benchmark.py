@@ -23,6 +23,9 @@ from ampnet_bench.report import build_chart, to_markdown
 
 _PEER_MODULES = {"skorch-accelerate": "accelerate", "lightning": "lightning"}
 
+#: Contenders that run on CUDA only (TF32, float8).
+_CUDA_ONLY = ("raw-careful-tf32", "ampnet-float8")
+
 
 def _positive(x):
     return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
@@ -58,6 +61,10 @@ def _check_results(results, workloads, rounds):
             if c["key"] in _PEER_MODULES and not _importable(_PEER_MODULES[c["key"]]):
                 # optional extra "bench" not installed: reported, not fatal
                 assert not c["available"] and "No module named" in c["error"]
+                continue
+            if c["key"] in _CUDA_ONLY and not torch.cuda.is_available():
+                # TF32, float8: reported skipped with the reason
+                assert not c["available"] and c["error"].startswith("skipped: "), c["error"]
                 continue
             assert c["available"], (w["name"], c["key"], c["error"])
             assert len(c["round_times_s"]) == rounds
@@ -754,6 +761,9 @@ def test_gpu_workloads_are_the_stated_models():
     assert {t.comparison for t in r.targets} == {t.comparison for t in e.targets} == {
         "ampnet_mixed_vs_careful", "ampnet_mixed_vs_careful_ieee"}
     assert {t.comparison for t in d.targets} == {"ampnet_mixed_vs_careful"}
+    # named on the command line, not part of --workload all
+    assert not set(GPU_WORKLOADS) & set(cli.config_from_args(cli.build_parser().parse_args([])).workloads)
+    assert cli.config_from_args(cli.build_parser().parse_args(["--workload", "decoder"])).workloads == ("decoder",)
 
 
 def test_the_decoder_is_causal_and_its_loss_covers_every_token():
@@ -796,31 +806,42 @@ class _RowRecorder(torch.nn.Module):
         self.batches = []
 
     def forward(self, X):
-        self.batches.append(X[:, 0].long().tolist())
+        self.batches.append(X[:, 0].detach().clone())  # no host read here: the test counts them
         return self.linear(X)
 
 
-def test_careful_loop_batches_every_row_once_an_epoch_and_reads_the_loss_once(monkeypatch):
+def test_careful_loop_batches_every_row_once_an_epoch_and_reads_the_loss_once():
     from ampnet_bench.careful_loop import careful_train
+    from host_reads import HostReadCounter
 
     X = torch.stack([torch.arange(70.0), torch.randn(70)], dim=1)
     y = torch.randint(0, 2, (70,))
-    reads = []
-    for name in ("item", "__float__"):
-        original = getattr(torch.Tensor, name)
-        monkeypatch.setattr(torch.Tensor, name, lambda self, _o=original, _n=name: reads.append(_n) or _o(self))
     ticks = iter([0.0, 2.0, 10.0, 13.0])
     model = _RowRecorder()
-    run = careful_train(model, X, y, batch_size=32, epochs=2, optimizer_cls=torch.optim.SGD,
-                        optimizer_kwargs={"lr": 0.1, "momentum": 0.9}, clock=lambda: next(ticks))
-    monkeypatch.undo()
+    with HostReadCounter() as counter:
+        run = careful_train(model, X, y, batch_size=32, epochs=2, optimizer_cls=torch.optim.SGD,
+                            optimizer_kwargs={"lr": 0.1, "momentum": 0.9}, clock=lambda: next(ticks))
     assert run.epoch_times == [2.0, 3.0]  # the clock's differences
-    assert reads == ["__float__", "__float__"]  # the loss read once an epoch, never per step
-    assert [len(b) for b in model.batches] == [32, 32, 6, 32, 32, 6]
-    first, second = sum(model.batches[:3], []), sum(model.batches[3:], [])
+    assert counter.count == 2  # the loss read once an epoch, never per step
+    batches = [b.long().tolist() for b in model.batches]
+    assert [len(b) for b in batches] == [32, 32, 6, 32, 32, 6]
+    first, second = sum(batches[:3], []), sum(batches[3:], [])
     assert sorted(first) == sorted(second) == list(range(70)) and first != second  # a new permutation each epoch
     assert run.optimizer_impl == "fused" and run.optimizer.defaults["fused"] is True
     assert len(run.epoch_losses) == 2 and all(math.isfinite(v) for v in run.epoch_losses)
+
+
+def test_careful_loop_refuses_bad_sizes():
+    from ampnet_bench.careful_loop import careful_train
+
+    X, y = torch.randn(8, 2), torch.zeros(8, dtype=torch.int64)
+    kwargs = dict(optimizer_cls=torch.optim.SGD, optimizer_kwargs={"lr": 0.1})
+    with pytest.raises(ValueError, match=r"batch_size must be a positive integer; got 0\. Pass e\.g\. batch_size=32"):
+        careful_train(torch.nn.Linear(2, 2), X, y, batch_size=0, epochs=1, **kwargs)
+    with pytest.raises(ValueError, match=r"epochs must be a positive integer; got 1\.5\. Pass e\.g\. epochs=1"):
+        careful_train(torch.nn.Linear(2, 2), X, y, batch_size=4, epochs=1.5, **kwargs)
+    with pytest.raises(ValueError, match=r"X and y must hold the same rows; got 8 and 7\."):
+        careful_train(torch.nn.Linear(2, 2), X, y[:7], batch_size=4, epochs=1, **kwargs)
 
 
 def test_careful_loop_falls_back_to_foreach_where_fused_is_refused():
@@ -853,20 +874,22 @@ def test_float32_mode_sets_tf32_and_restores_it():
             pass
 
 
-def test_item_loop_reads_the_loss_every_step(monkeypatch):
-    from ampnet_bench.contenders import _item_train
+def test_item_loop_reads_the_loss_every_step():
+    from ampnet_bench.contenders import _item_train, _shuffle_generator
+    from host_reads import HostReadCounter
 
     cfg = BenchConfig(workloads=("overhead",), quick=True, threads=1)
     wl = cfg.workload("overhead")
     data = wl.make_data(cfg.seed)
-    reads = []
-    original = torch.Tensor.item
-    # the loss's reads (the DataLoader's sampler reads its seed once an epoch too)
-    monkeypatch.setattr(torch.Tensor, "item", lambda self: reads.append(self.grad_fn is not None) or original(self))
-    times, loss, _, optimizer = _item_train(_contender("raw-item-amp"), wl, data, cfg, epochs=2)
-    monkeypatch.undo()
-    assert sum(reads) == 2 * wl.n_batches and len(times) == 2 and math.isfinite(loss)
-    assert not optimizer.defaults.get("fused")
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(data.X, data.y), batch_size=wl.batch_size,
+                                         shuffle=True, generator=_shuffle_generator(cfg))
+    with HostReadCounter() as loading:  # what the DataLoader's sampler reads itself (its seed, its order)
+        for _ in range(2):
+            list(loader)
+    with HostReadCounter() as counter:
+        times, loss, _, optimizer = _item_train(_contender("raw-item-amp"), wl, data, cfg, epochs=2)
+    assert counter.count - loading.count == 2 * wl.n_batches  # loss.item() each step
+    assert len(times) == 2 and math.isfinite(loss) and not optimizer.defaults.get("fused")
 
 
 def test_float8_contender_runs_only_where_it_can():
@@ -932,6 +955,16 @@ def test_overhead_and_gpu_workloads_run_their_contenders_in_quick_mode():
             assert c["available"] and math.isfinite(c["final_loss"]) and 0 <= c["accuracy"] <= 1, (name, key)
         assert by_key(w, "raw-careful-tf32")["error"] == "skipped: TF32 is a CUDA setting (this run: the CPU)"
         assert by_key(w, "ampnet-float8")["error"].startswith("skipped: ")
+
+
+def test_a_skipped_contender_in_a_fresh_process_reads_its_reason():
+    from ampnet_bench.contenders import ContenderUnavailable
+    from ampnet_bench.worker import run_in_subprocess
+
+    cfg = BenchConfig(workloads=("overhead",), quick=True, rounds=1, epochs=1, warmup=0, threads=1)
+    with pytest.raises(ContenderUnavailable) as exc:
+        run_in_subprocess(cfg, "overhead", "raw-careful-tf32")
+    assert str(exc.value) == "skipped: TF32 is a CUDA setting (this run: the CPU)"
 
 
 # ---- the overhead regime's table on the performance page ------------------------------------------
@@ -1019,6 +1052,17 @@ def test_overhead_tool_writes_the_json_and_the_page(tmp_path):
     assert update_overhead_section(text, placeholder_overhead()).count("not yet measured on a quiet machine") == 1
 
 
+def test_a_failed_write_leaves_the_old_file(tmp_path):
+    from ampnet_bench.files import write_text_atomic
+
+    path = tmp_path / "report.md"
+    write_text_atomic(path, "old\n")
+    with pytest.raises(UnicodeEncodeError):
+        write_text_atomic(path, "new \ud800\n")  # fails while writing
+    assert path.read_text() == "old\n" and [p.name for p in tmp_path.iterdir()] == ["report.md"]
+    assert write_text_atomic(tmp_path / "sub" / "r.md", "x") == tmp_path / "sub" / "r.md"
+
+
 def test_performance_page_shows_the_overhead_table_from_the_json():
     from ampnet_bench.overhead_table import update_overhead_section
     from repo_paths import ROOT
@@ -1030,5 +1074,66 @@ def test_performance_page_shows_the_overhead_table_from_the_json():
         section = page[page.index("% begin generated benchmark table: overhead-cpu"):]
         assert "**Figures: not yet measured on a quiet machine.** Measure them with " \
                "`python tools/overhead_benchmark.py`." in section
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert "AMP pays where large matrix products and convolutions fill a step" in readme
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    assert ("AMP pays where large matrix products and convolutions fill a step; on tiny models the trainer's own "
+            "cost per step is what matters: compare with a careful hand-written loop.") in readme
+
+
+# ---- on a GPU (pytest -m gpu; the check runs them) ------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_careful_loop_makes_no_host_sync_per_step_on_cuda():
+    import warnings
+
+    from ampnet_bench.careful_loop import careful_train
+
+    def syncs(n_rows):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(20, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2)).cuda()
+        X, y = torch.randn(n_rows, 20, device="cuda"), torch.randint(0, 2, (n_rows,), device="cuda")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                careful_train(model, X, y, batch_size=32, epochs=1, optimizer_cls=torch.optim.SGD,
+                              optimizer_kwargs={"lr": 0.01, "momentum": 0.9}, device="cuda")
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        return sum("synchronizing" in str(w.message).lower() for w in caught)
+
+    syncs(64)  # warm-up
+    assert syncs(32 * 12) == syncs(32 * 4)  # 8 more steps, not one more sync
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_float32_mode_switches_tf32_for_cuda_matmuls():
+    from ampnet_bench.careful_loop import float32_mode
+
+    if torch.cuda.get_device_capability() < (8, 0):
+        pytest.skip("TF32 needs compute capability >= 8.0")
+    a = torch.randn(512, 512, device="cuda")
+    exact = (a.double() @ a.double()).float()
+    with float32_mode("ieee"):
+        ieee = a @ a
+    with float32_mode("tf32"):
+        tf32 = a @ a
+    assert (ieee - exact).abs().max() < (tf32 - exact).abs().max()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_workloads_run_every_contender_on_cuda():
+    from ampnet_bench.contenders import GPU_CONTENDERS
+
+    for name in ("resnet50", "encoder", "decoder"):
+        cfg = BenchConfig(workloads=(name,), device="cuda", quick=True, rounds=1, epochs=1, warmup=0, threads=1,
+                          optimizer="adamw", memory="off", isolation="inprocess", contenders=GPU_CONTENDERS)
+        w = runner.run_benchmark(cfg, log=lambda msg: None)["workloads"][0]
+        for c in w["contenders"]:
+            if c["key"] == "ampnet-float8":  # runs, or says why not
+                assert c["available"] or c["error"].startswith(("skipped: ", "not available in this version")), c
+                continue
+            assert c["available"], (name, c["key"], c["error"])
