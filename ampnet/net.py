@@ -329,7 +329,8 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin, ReportsMixin):
         """Forward and loss in one precision context, then :meth:`backward`."""
         self._set_training(True)
         Xi, yi = unpack_data(batch)
-        with self.precision_.forward_context():  # infer and get_loss find it entered
+        # infer and get_loss find the context entered; a float32 step of auto's trial enters none
+        with NO_CONTEXT if self.amp_step_state_.float32_step else self.precision_.forward_context():
             y_pred = self.infer(Xi, **fit_params)
             loss = self.get_loss(y_pred, yi, X=Xi, training=True)
         self.backward(loss)
@@ -423,6 +424,8 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin, ReportsMixin):
         if not prec.enabled and parallel.ddp is None:
             return super().infer(x, **fit_params)
         context = prec.forward_context()
+        if context is not NO_CONTEXT and self._float32_step():
+            context = NO_CONTEXT
         try:
             if context is NO_CONTEXT and parallel.ddp is None:  # inside a training step's context
                 return prec.convert_output(self._skorch_infer(x, fit_params))
@@ -433,6 +436,12 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin, ReportsMixin):
             if prec.enabled and error is not None:
                 raise error from exc
             raise
+
+    def _float32_step(self) -> bool:
+        """Whether ``amp_enabled='auto'`` measures a float32 step now (the
+        fit's own state, ``amp_step_state_``, holds it; no autocast then)."""
+        state = self.__dict__.get("amp_step_state_")
+        return state is not None and state.float32_step
 
     def _skorch_infer(self, x: Any, fit_params: dict) -> Any:
         """skorch's ``infer`` (the next in the MRO); during a fit where it is
@@ -460,6 +469,8 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin, ReportsMixin):
             state.check_loss_inputs = False
             state.not_probabilities = check_loss_inputs(self, y_pred, y_true)
         context = self.precision_.forward_context()
+        if context is not NO_CONTEXT and state is not None and state.float32_step:
+            context = NO_CONTEXT  # a float32 step of amp_enabled='auto''s trial
         if context is NO_CONTEXT:  # AMP off, or inside a training step's context
             if (state is not None and state.plain_loss and type(y_true) is torch.Tensor
                     and is_on(y_true, self.device) and not isinstance(self.criterion_, torch.nn.NLLLoss)):

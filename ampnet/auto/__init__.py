@@ -26,6 +26,7 @@ Once decided, a float32 choice switches the net in place
 
 from __future__ import annotations
 
+import numbers
 from typing import Any, Callable
 
 import torch
@@ -41,7 +42,7 @@ from ampnet.auto.saved import enabled_choice, fp32_choice, plan_choices, write_c
 from ampnet.auto.stale_choice import drop_stale_choice
 from ampnet.auto.switching import apply_choice, choice_problem, switch_in_fit
 from ampnet.auto.unswitchable import check_choosable
-from ampnet.auto.trial import Trial
+from ampnet.auto.trial import MIN_PAIRS, Trial
 from ampnet.exceptions import amp_warn
 from ampnet.io.layout import checkpoint_files
 from ampnet.io.state_files import read_params_file
@@ -103,9 +104,10 @@ def _resolve_enabled(net: Any, X: Any, y: Any, saved: Any, source: str | None, e
     if not_worth:
         return _apply(net, AutotuneResult(candidates[0], source="device", device=str(device),
                                           table=table_of(candidates, None, not_worth), note=not_worth))
-    key = cache.cache_key(net, candidates) if settings["cache"] is not False else None
+    key = (cache.cache_key(net, candidates, X, clock=settings["timer"] is not None)
+           if settings["cache"] is not False else None)
     folder = cache.cache_dir(None if settings["cache"] is True else settings["cache"])
-    stored = _stored(net, key, candidates, folder)
+    stored, expired = _stored(net, key, candidates, folder)
     if stored is not None:
         index, entry, where = stored
         _apply(net, AutotuneResult(candidates[index], source="cache", device=str(device), cache=where,
@@ -114,17 +116,17 @@ def _resolve_enabled(net: Any, X: Any, y: Any, saved: Any, source: str | None, e
                                            key=key, folder=folder)
         return None
     steps = _fit_steps(net, X, y, epochs, **fit_params)
-    needed = max(2 * (settings["warmup"] + 1), settings["min_steps"])
+    needed = max(2 * (settings["warmup"] + MIN_PAIRS), settings["min_steps"])
     if steps is not None and steps < needed:
-        others = cache.machine_choices(key, folder) if key is not None else None
-        params, why = device_choice(candidates, device, cache.machine(device), others)
+        # the machine and the model decide, never what other models stored
+        params, why = device_choice(candidates, device, cache.machine(device))
         note = (f"this fit has {steps} training step{'s' if steps != 1 else ''}, fewer than the {needed} a "
                 f"measurement takes here (amp_autotune__min_steps={settings['min_steps']}); chose {why}")
         return _apply(net, AutotuneResult(params, source="device", device=str(device), note=note,
                                           table=table_of(candidates, None)))
     # measure: the fit starts in mixed precision, and its float32 steps pause autocast
     _apply(net, AutotuneResult(candidates[1], source="measuring", device=str(device),
-                               table=table_of(candidates, None)))
+                               table=table_of(candidates, None), note=expired))
     net.amp_step_state_.trial = _trial(net, candidates, settings, device, key=key, folder=folder)
     return None
 
@@ -148,12 +150,15 @@ def _apply(net: Any, result: AutotuneResult) -> None:
         print(result, flush=True)
 
 
-def _stored(net: Any, key: dict | None, candidates: list, folder: str) -> tuple[int, dict, str] | None:
+def _stored(net: Any, key: dict | None, candidates: list,
+            folder: str) -> tuple[tuple[int, dict, str] | None, str | None]:
     """The stored choice for ``key`` as (its candidate's index, the entry,
-    where it was read), where it is one of ``candidates`` and the net can
-    use it; a malformed entry warns once."""
+    where it was read), where it is one of ``candidates``, the net can use
+    it and it has not :func:`~ampnet.auto.cache.expired`; and why an
+    entry that exists is measured again (None: no such entry). A malformed
+    or untrusted entry warns once."""
     if key is None:
-        return None
+        return None, None
     entry, problem = cache.read_entry(key, folder)
     if problem is None and entry is not None:
         params = entry["params"]
@@ -164,10 +169,15 @@ def _stored(net: Any, key: dict | None, candidates: list, folder: str) -> tuple[
     if problem:
         amp_warn(f"amp_enabled='auto' ignored a cache entry it cannot use ({problem}); it measures again and "
                  "replaces it. Fix: nothing to do; to stop reading the cache, pass amp_autotune__cache=False.")
-        return None
+        return None, None
     if entry is None:
-        return None
-    return candidates.index(entry["params"]), entry, f"read from {cache.entry_path(key, folder)}"
+        return None, None
+    where = cache.entry_path(key, folder)
+    if cache.expired(entry):
+        days = cache.EXPIRES_S / 86400
+        return None, (f"the choice stored in {where} is older than {days:g} days (or dated in the future): "
+                      "measured again, so that a choice made once gets a chance to be proven wrong")
+    return (candidates.index(entry["params"]), entry, f"read from {where}"), None
 
 
 def _fit_steps(net: Any, X: Any, y: Any, epochs: int | None, **fit_params: Any) -> int | None:
@@ -176,14 +186,15 @@ def _fit_steps(net: Any, X: Any, y: Any, epochs: int | None, **fit_params: Any) 
     with kept_random_state():
         dataset, _ = net.get_split_datasets(X, y, **split_params(net, fit_params))
     kwargs = net.get_params_for("iterator_train")
-    size = kwargs.get("batch_size", net.batch_size)
+    size = cache.batch_size(net)
     try:
         rows = len(dataset)
     except TypeError:
         return None
     size = rows if size == -1 else size
-    if not isinstance(size, int) or size <= 0:
+    if not isinstance(size, numbers.Integral) or isinstance(size, bool) or size <= 0:
         return None
+    size = int(size)
     batches = rows // size if kwargs.get("drop_last") else -(-rows // size)
     steps = -(-batches // max(int(net.gradient_accumulation_steps), 1))
     return max(int(net.max_epochs if epochs is None else epochs), 0) * steps
@@ -211,8 +222,8 @@ def train_step(net: Any, step: Callable[..., dict], batch: Any, **fit_params: An
     return out
 
 
-def _settle(net: Any, trial: Trial) -> None:
-    """Switch to the trial's choice, record it and store it."""
+def _settle(net: Any, trial: Trial, store: bool = True) -> None:
+    """Switch to the trial's choice, record it and (``store``) store it."""
     chosen, candidates = trial.chosen, trial.candidates
     best = trial.step_s(chosen) or 0.0
     result = AutotuneResult(
@@ -225,22 +236,28 @@ def _settle(net: Any, trial: Trial) -> None:
     else:
         net.__dict__["amp_autotune_"] = result
     rank = torch.distributed.get_rank() if net.parallel_.world_size > 1 else 0
-    if trial.key is not None and rank == 0 and trial.step_s(chosen):
+    if trial.key is not None and rank == 0 and store and trial.measured and trial.step_s(chosen):
         problem = cache.write_entry(trial.key, result.params, trial.step_s(chosen), trial.folder)
         result.cache = f"not stored: {problem}" if problem else (
             f"stored in {cache.entry_path(trial.key, trial.folder)}: the next fit of this model on this machine "
             "starts with it (`python -m ampnet cache --clear` removes it)")
+    elif trial.key is not None and not store:
+        result.cache = (f"not stored in {trial.folder}: the fit ended before the measurement did, so the next "
+                        "fit measures")
     if net.verbose:
         print(result, flush=True)
 
 
 def end_epoch(net: Any) -> None:
-    """At an epoch's end: the chosen setting's steps against what was measured."""
+    """At an epoch's end: the chosen setting's health and steps against what
+    was measured (:meth:`Trial.end_epoch`); a finding drops the stored
+    choice and is said in the record."""
     trial = getattr(net.__dict__.get("amp_step_state_"), "trial", None)
     result = net.__dict__.get("amp_autotune_")
     if trial is None or not trial.decided or result is None or result.check:
         return
-    finding = trial.end_epoch(len(net.history))
+    row = net.history[-1]
+    finding = trial.end_epoch(len(net.history), rows=list(row.get("batches", ())), loss=row.get("train_loss"))
     if finding:
         result.check = finding + "; the next fit measures again"
         if trial.key is not None:
@@ -250,11 +267,12 @@ def end_epoch(net: Any) -> None:
 
 
 def end_fit(net: Any) -> None:
-    """At a fit's end: a measurement the fit ended first decides with what it has."""
+    """At a fit's end: a measurement the fit ended first (a short fit, an
+    interruption) decides with what it has for this net, and stores nothing."""
     trial = getattr(net.__dict__.get("amp_step_state_"), "trial", None)
     if trial is not None and not trial.decided:
         trial.finish()
-        _settle(net, trial)
+        _settle(net, trial, store=False)
 
 
 def _resume_state(net: Any) -> tuple[Any, str | None]:

@@ -5,10 +5,16 @@ starts with the choice at its first step and measures nothing.
 
 The key is what decides the choice (:func:`cache_key`): the machine (CPU
 model and bf16 flags, or the GPU's name and compute capability), torch's
-thread count, the torch version, the model's parameter shapes and dtypes,
-the batch size, the optimizer classes and the candidates the net's settings
-allow. The folder is ``AMPNET_CACHE_DIR`` where that is set (a leading
-``~`` is the home folder, there and in ``amp_autotune__cache``), else the
+thread count, the torch version, the model's structure (its modules'
+``repr``, parameter and buffer shapes and dtypes), the criterion, the
+input's per-row shape and dtype, the batch size the fit uses
+(``iterator_train__batch_size`` over ``batch_size``), gradient
+accumulation, the optimizers with the kernel settings the user gave, the
+modules kept in float32 and the candidates the net's settings allow. A
+choice measured under a test clock (``amp_autotune__timer``) has a key of
+its own (``clock``): it never stands for the machine's. The folder is
+``AMPNET_CACHE_DIR`` where that is set (a leading ``~`` is the home folder,
+there and in ``amp_autotune__cache``), else the
 user's cache folder by the platform's convention (``platformdirs``:
 ``~/.cache/ampnet`` on Linux). ``amp_autotune__cache=False`` turns it off
 for a net: nothing is read or written.
@@ -17,11 +23,18 @@ Every file is untrusted: a read takes at most :data:`MAX_BYTES` of a
 regular file (no link, FIFO or device), and an entry is used only when its
 key matches and its choice passes the parameter table; anything else is
 reported as a problem (the caller warns once and measures, and the new
-entry replaces it). Writes go to a temporary file in the same folder and
+entry replaces it), and so is a ``step_s`` outside
+[:data:`MIN_STEP_S`, :data:`MAX_STEP_S`] (no training step is that short
+or that long: the number was not measured). An entry older than
+:data:`EXPIRES_S` (or dated in the future) is not used: the next fit
+measures again, so that a choice gets a chance to be proven wrong. Writes go to a temporary file in the same folder and
 are renamed into place, so a reader sees a whole entry or none, whatever
 the number of concurrent writers; the folder keeps at most
-:data:`MAX_ENTRIES` entries, the oldest removed first. ``python -m ampnet
-cache --clear`` (:mod:`ampnet.auto.cache_command`) removes them all.
+:data:`MAX_ENTRIES` entries, the oldest removed first. Eviction removes only
+files that ampnet wrote (named ``auto-<40 hex digits>.json`` and holding an
+entry), never the entry just written, and counts a file dated in the
+future as the oldest. ``python -m ampnet cache --clear``
+(:mod:`ampnet.auto.cache_command`) removes them all.
 """
 
 from __future__ import annotations
@@ -29,8 +42,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import numbers
 import os
 import platform
+import re
 import stat
 import tempfile
 import time
@@ -39,8 +54,10 @@ from typing import Any, Mapping
 import platformdirs
 import torch
 
-__all__ = ["cache_dir", "entry_path", "cache_key", "read_entry", "write_entry", "forget_entry", "machine_choices", "MAX_BYTES",
-           "MAX_ENTRIES"]
+from ampnet.config.params import parsed
+
+__all__ = ["cache_dir", "entry_path", "cache_key", "read_entry", "write_entry", "forget_entry", "expired",
+           "MAX_BYTES", "MAX_ENTRIES", "MIN_STEP_S", "MAX_STEP_S", "EXPIRES_S"]
 
 #: The most bytes an entry may have; a larger file is refused unread.
 MAX_BYTES = 16 * 1024
@@ -48,8 +65,22 @@ MAX_BYTES = 16 * 1024
 #: The most entries the folder keeps.
 MAX_ENTRIES = 512
 
+#: The shortest ``step_s`` an entry may hold: no training step takes less
+#: (Python's own overhead of a step is larger).
+MIN_STEP_S = 1e-5
+
+#: The longest ``step_s`` an entry may hold (one hour).
+MAX_STEP_S = 3600.0
+
+#: How long a stored choice is used (7 days): then the next fit measures
+#: again, at the cost of one measurement (``2 * (warmup + steps)`` steps at
+#: most, about half of them in the slower setting) per model and week.
+EXPIRES_S = 7 * 24 * 3600.0
+
 _VERSION = 1
 _PREFIX = "auto-"
+_NAME = re.compile(r"auto-[0-9a-f]{40}\.json")
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
 def cache_dir(folder: str | None = None) -> str:
@@ -103,23 +134,83 @@ def machine(device: torch.device) -> dict[str, Any]:
     return {**_cpu(), "threads": torch.get_num_threads()}
 
 
-def cache_key(net: Any, candidates: list[dict[str, Any]]) -> dict[str, Any]:
-    """The fields that decide ``net``'s choice among ``candidates`` (JSON values)."""
+def _plain(value: Any) -> Any:
+    """``value`` as JSON values: numpy and other numbers as Python's, the
+    rest as a ``repr`` without memory addresses."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value) if math.isfinite(float(value)) else repr(float(value))
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, type):
+        return f"{value.__module__}.{value.__qualname__}"
+    return _ADDRESS.sub("", repr(value))
+
+
+def _module(module: Any) -> list[Any]:
+    """A module's structure: its ``repr`` (children and their settings),
+    parameter and buffer names, shapes and dtypes."""
+    if not isinstance(module, torch.nn.Module):
+        return [type(module).__qualname__]
+    tensors = [[n, list(t.shape), str(t.dtype)] for n, t in module.named_parameters()]
+    tensors += [["buffer", n, list(t.shape), str(t.dtype)] for n, t in module.named_buffers()]
+    return [type(module).__qualname__, _ADDRESS.sub("", repr(module)), tensors]
+
+
+def inputs_of(X: Any) -> Any:
+    """What of the fit's input ``X`` decides the choice: each array's
+    per-row shape and dtype (a dict's and a list's, item by item), else
+    its type."""
+    shape, dtype = getattr(X, "shape", None), getattr(X, "dtype", None)
+    if shape is not None and dtype is not None:
+        return [[int(n) for n in tuple(shape)[1:]], str(dtype)]
+    if isinstance(X, dict):
+        return {str(k): inputs_of(v) for k, v in sorted(X.items(), key=lambda kv: str(kv[0]))}
+    if isinstance(X, (list, tuple)) and X and all(hasattr(v, "shape") for v in X):
+        return [inputs_of(v) for v in X]
+    dtypes = getattr(X, "dtypes", None)  # a pandas DataFrame
+    if shape is not None and dtypes is not None:
+        return [list(tuple(shape)[1:]), [str(d) for d in dtypes]]
+    return type(X).__qualname__
+
+
+def batch_size(net: Any) -> Any:
+    """The batch size the fit's training batches have:
+    ``iterator_train__batch_size`` where set, else ``batch_size``."""
+    return net.get_params_for("iterator_train").get("batch_size", net.batch_size)
+
+
+_KERNEL_KEYS = ("fused", "foreach", "capturable", "differentiable")
+
+
+def cache_key(net: Any, candidates: list[dict[str, Any]], X: Any = None, clock: bool = False) -> dict[str, Any]:
+    """The fields that decide ``net``'s choice among ``candidates`` (JSON
+    values) for a fit on ``X``; ``clock``: the choice is timed by a test
+    clock (``amp_autotune__timer``), not the machine's."""
     device = torch.device(net.device or "cpu")
-    shapes = []
-    for name in net._modules:
-        module = net.__dict__.get(name + "_")
-        if isinstance(module, torch.nn.Module):
-            shapes += [[name, type(module).__qualname__]]
-            shapes += [[n, list(p.shape), str(p.dtype)] for n, p in module.named_parameters()]
-    model = hashlib.sha256(json.dumps(shapes).encode()).hexdigest()[:32]
-    optimizers = [type(net.__dict__.get(n + "_")).__qualname__ for n in net._optimizers]
-    return {
+    structure = [[name, _module(net.__dict__.get(name + "_"))] for name in net._modules]
+    criteria = [[name, _module(net.__dict__.get(name + "_"))] for name in getattr(net, "_criteria", ["criterion"])]
+    model = hashlib.sha256(json.dumps(_plain([structure, criteria])).encode()).hexdigest()[:32]
+    optimizers = []
+    for name in net._optimizers:
+        factory = getattr(net, name, None)
+        given = net.get_params_for(name)
+        optimizers.append([_plain(factory) if isinstance(factory, type) else type(net.__dict__.get(name + "_")).__qualname__,
+                           {k: _plain(given[k]) for k in _KERNEL_KEYS if k in given}])
+    key = {
         "machine": machine(device), "torch": torch.__version__, "model": model,
-        "batch_size": net.batch_size if isinstance(net.batch_size, int) else repr(net.batch_size),
-        "accumulation": net.gradient_accumulation_steps, "optimizers": optimizers,
-        "candidates": candidates,
+        "batch_size": _plain(batch_size(net)), "accumulation": _plain(net.gradient_accumulation_steps),
+        "optimizers": optimizers, "fp32_modules": _plain(parsed(net, "amp_fp32_modules")),
+        "inputs": _plain(inputs_of(X)), "candidates": _plain(candidates),
     }
+    if clock:
+        key["clock"] = "amp_autotune__timer"
+    return key
 
 
 def entry_path(key: Mapping[str, Any], folder: str | None = None) -> str:
@@ -128,7 +219,7 @@ def entry_path(key: Mapping[str, Any], folder: str | None = None) -> str:
 
 
 def _path(folder: str, key: Mapping[str, Any]) -> str:
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:40]
+    digest = hashlib.sha256(json.dumps(_plain(key), sort_keys=True).encode()).hexdigest()[:40]
     return os.path.join(folder, f"{_PREFIX}{digest}.json")
 
 
@@ -148,8 +239,28 @@ def _read_bytes(path: str) -> bytes | None:
         os.close(fd)
 
 
-def _finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+def _plausible(value: Any) -> bool:
+    """Whether ``value`` is a step time a machine could have measured (a
+    400-digit integer is not: it is refused, not converted)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value) and MIN_STEP_S <= value <= MAX_STEP_S
+    except OverflowError:
+        return False
+
+
+def expired(entry: Mapping[str, Any], now: float | None = None) -> bool:
+    """Whether ``entry`` is older than :data:`EXPIRES_S`, dated in the
+    future, or undated: the next fit measures again."""
+    written = entry.get("written")
+    now = time.time() if now is None else now
+    if not isinstance(written, (int, float)) or isinstance(written, bool):
+        return True
+    try:
+        return not (math.isfinite(written) and now - EXPIRES_S <= written <= now + 60.0)
+    except OverflowError:
+        return True
 
 
 def read_entry(key: Mapping[str, Any], folder: str | None = None) -> tuple[dict[str, Any] | None, str | None]:
@@ -158,7 +269,8 @@ def read_entry(key: Mapping[str, Any], folder: str | None = None) -> tuple[dict[
     well-formed entry of this key (the problem names the file). An entry is
     a dict with ``params`` (the chosen constructor parameters, unchecked:
     the caller checks them) and ``step_s`` (the chosen setting's measured
-    median step, in seconds)."""
+    median step, in seconds); whether it is :func:`expired` is the
+    caller's to judge."""
     path = _path(folder or cache_dir(), key)
     try:
         raw = _read_bytes(path)
@@ -169,14 +281,15 @@ def read_entry(key: Mapping[str, Any], folder: str | None = None) -> tuple[dict[
         entry = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
         if not isinstance(entry, dict) or entry.get("version") != _VERSION:
             raise ValueError("not an ampnet cache entry of this version")
-        if entry.get("key") != json.loads(json.dumps(key, sort_keys=True)):
+        if entry.get("key") != json.loads(json.dumps(_plain(key), sort_keys=True)):
             raise ValueError("its key is not the one its name stands for")
         params = entry.get("params")
         if not isinstance(params, dict) or not all(isinstance(v, (bool, str)) for v in params.values()):
             raise ValueError("'params' is not a dict of plain values")
-        if not _finite(entry.get("step_s")):
-            raise ValueError("'step_s' is not a positive finite number")
-    except (OSError, ValueError, UnicodeDecodeError, RecursionError) as exc:
+        if not _plausible(entry.get("step_s")):
+            raise ValueError(f"'step_s' is not a step time in [{MIN_STEP_S:g}, {MAX_STEP_S:g}] seconds: "
+                             "untrusted")
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError, OverflowError) as exc:
         return None, f"{path}: {exc}"
     return entry, None
 
@@ -191,6 +304,7 @@ def write_entry(key: Mapping[str, Any], params: Mapping[str, Any], step_s: float
     atomically; then keep at most ``keep`` entries, the newest. Returns why
     it could not be written (None when it was)."""
     folder = folder or cache_dir()
+    key = _plain(key)
     entry = {"version": _VERSION, "key": key, "params": dict(params), "step_s": float(step_s),
              "written": time.time()}
     data = json.dumps(entry, sort_keys=True).encode()
@@ -206,35 +320,8 @@ def write_entry(key: Mapping[str, Any], params: Mapping[str, Any], step_s: float
             raise
     except OSError as exc:
         return f"{folder}: {exc}"
-    _bound(folder, keep)
+    _bound(folder, keep, _path(folder, key))
     return None
-
-
-def machine_choices(key: Mapping[str, Any], folder: str | None = None, newest: int = 64) -> dict[bool, int]:
-    """How often the entries stored for other models on this machine (the
-    same ``machine`` and ``torch`` fields of their key) chose mixed
-    precision (True) and float32 (False), among the ``newest`` entries of
-    the folder; entries that cannot be read are passed over."""
-    folder = folder or cache_dir()
-    try:
-        with os.scandir(folder) as it:
-            found = [(e.stat(follow_symlinks=False).st_mtime, e.path) for e in it
-                     if e.name.startswith(_PREFIX) and e.name.endswith(".json") and e.is_file(follow_symlinks=False)]
-    except OSError:
-        return {}
-    counts: dict[bool, int] = {}
-    for _, path in sorted(found, reverse=True)[:newest]:
-        try:
-            raw = _read_bytes(path)
-            entry = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant) if raw else None
-            other = entry.get("key") if isinstance(entry, dict) else None
-            chose = entry.get("params", {}).get("amp_enabled") if isinstance(other, dict) else None
-        except (OSError, ValueError, UnicodeDecodeError, RecursionError, AttributeError):
-            continue
-        if isinstance(chose, bool) and other.get("machine") == key.get("machine") \
-                and other.get("torch") == key.get("torch"):
-            counts[chose] = counts.get(chose, 0) + 1
-    return counts
 
 
 def forget_entry(key: Mapping[str, Any], folder: str | None = None) -> None:
@@ -249,12 +336,33 @@ def _remove(path: str) -> None:
         pass
 
 
-def _bound(folder: str, keep: int) -> None:
+def _ours(path: str) -> bool:
+    """Whether the file ``path`` holds an entry that ampnet wrote (a JSON
+    object with this cache's ``version`` and a ``key``)."""
+    try:
+        raw = _read_bytes(path)
+        entry = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant) if raw else None
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
+        return False
+    return isinstance(entry, dict) and entry.get("version") == _VERSION and isinstance(entry.get("key"), dict)
+
+
+def _bound(folder: str, keep: int, written: str) -> None:
+    """Keep at most ``keep`` entries in ``folder``: remove the oldest of
+    the files that ampnet wrote (by name and content), never ``written``
+    (the entry just written); a file dated in the future counts as the
+    oldest (its date cannot be trusted)."""
+    now = time.time()
     try:
         with os.scandir(folder) as it:
-            entries = [(e.stat(follow_symlinks=False).st_mtime, e.path) for e in it
-                       if e.name.startswith(_PREFIX) and e.name.endswith(".json")]
+            named = [(e.stat(follow_symlinks=False).st_mtime, e.path) for e in it
+                     if _NAME.fullmatch(e.name) and e.is_file(follow_symlinks=False)]
     except OSError:
         return
-    for _, path in sorted(entries)[:max(len(entries) - keep, 0)]:
+    if len(named) <= keep:
+        return
+    entries = [(mtime if mtime <= now + 60.0 else -math.inf, path) for mtime, path in named
+               if path != written and _ours(path)]
+    excess = len(entries) + 1 - keep  # the entry just written counts
+    for _, path in sorted(entries)[:max(excess, 0)]:
         _remove(path)

@@ -178,26 +178,16 @@ def candidate_params(net: Any) -> tuple[list[dict[str, Any]], str | None]:
     return [float32, mixed], (f"mixed precision not measured: {reason}" if reason else None)
 
 
-def device_choice(candidates: list[dict[str, Any]], device: torch.device, machine: Mapping[str, Any],
-                  others: Mapping[bool, int] | None = None) -> tuple[dict[str, Any], str]:
+def device_choice(candidates: list[dict[str, Any]], device: torch.device,
+                  machine: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
     """The choice where no step is measured (a fit too short to pay for a
-    measurement), and why: the choice stored most often for other models on
-    this machine (``others``: counts of mixed precision, True, and float32,
-    False); without any, mixed precision on a GPU and on the CPUs where
-    bfloat16 was measured faster than float32 (AMX; AMD with AVX512-BF16),
-    float32 on the others (an Intel CPU with AVX512-BF16 and no AMX trained
-    the benchmark's MLP 1.5x slower in bfloat16)."""
+    measurement), and why, from the machine alone (never from what other
+    models stored, nor any file): mixed precision on a GPU and on the CPUs
+    where bfloat16 was measured faster than float32 (AMX; AMD with
+    AVX512-BF16), float32 on the others (an Intel CPU with AVX512-BF16 and
+    no AMX trained the benchmark's MLP 1.5x slower in bfloat16)."""
     if len(candidates) < 2:
         return candidates[0], "float32, the only candidate"
-    if others:
-        mixed, total = others.get(True, 0), sum(others.values())
-        chosen = candidates[1] if mixed > total - mixed else candidates[0]
-        count = mixed if chosen is candidates[1] else total - mixed
-        if 2 * mixed == total:
-            return chosen, (f"{label(chosen)}: the {total} choices stored for other models on this machine are "
-                            "a tie between mixed precision and float32, and a tie keeps float32")
-        return chosen, (f"{label(chosen)}, as {count} of the {total} choices stored for other models on this "
-                        "machine")
     flags = set(machine.get("flags", ()))
     if device.type == "cuda":
         return candidates[1], f"{label(candidates[1])}, on a GPU (tensor cores)"

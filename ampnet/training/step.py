@@ -99,12 +99,14 @@ class StepState:
     guard: Any = None  # during a fit on a GPU: ampnet.training.records.SkipGuard
     plain_infer: bool = False  # during a fit: skorch's own infer and get_loss come next (ampnet.net)
     plain_loss: bool = False
+    float32_step: bool = False  # while amp_enabled='auto' measures a float32 step: no autocast (ampnet.net)
 
     def __getstate__(self) -> dict[str, Any]:
-        # a fit's transient parts: pending device values, the arrays (on the device), the iterator
+        # a fit's transient parts: pending device values, the arrays (on the device), the iterator,
+        # the float32 step of auto's trial (a copy predicts in the net's own precision)
         state = dict(self.__dict__)
         state.update(records=None, sources=None, batch_source=None, group_sources=[], listeners=None,
-                     modules=None, row=None, guard=None)
+                     modules=None, row=None, guard=None, float32_step=False)
         return state
 
 

@@ -132,7 +132,7 @@ def _load_with_choice(data, tmp_path, choice):
     path = tmp_path / "params.pt"
     saver.save_params(f_params=path)
     write_choice(path, choice)
-    net = AmpNetClassifier(**kw(max_epochs=1, amp_autotune__cache=False, amp_autotune__timer=Timer())).initialize()
+    net = AmpNetClassifier(**kw(max_epochs=2, amp_autotune__cache=False, amp_autotune__timer=Timer())).initialize()
     with pytest.warns(AmpWarning) as record:
         net.load_params(f_params=path)
     return saver, path, net, record

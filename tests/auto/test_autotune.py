@@ -6,6 +6,7 @@ on any CPU; then the choice pinned, remembered, saved and reused."""
 import copy
 import json
 import pickle
+import warnings
 
 import numpy as np
 import pytest
@@ -19,7 +20,7 @@ from skorch.callbacks import LRScheduler
 from ampnet import AmpNetClassifier
 from ampnet.auto import AutotuneResult
 from ampnet.auto.enabled import label
-from ampnet.auto.trial import CLEAR, decide
+from ampnet.auto.trial import decide
 from ampnet.checkpoint import Checkpoint, LoadInitState
 
 from conftest import Logits
@@ -46,9 +47,9 @@ class Timer:
 
 def kw(**extra):
     base = dict(module=Logits, criterion=torch.nn.CrossEntropyLoss, optimizer=torch.optim.Adam,
-                max_epochs=2, lr=0.05, batch_size=16, train_split=None, verbose=0,
+                max_epochs=3, lr=0.05, batch_size=16, train_split=None, verbose=0,
                 iterator_train__shuffle=True, amp_enabled="auto",
-                amp_autotune__min_steps=0)  # these fits of 8 steps measure, as longer ones do
+                amp_autotune__min_steps=0)  # these fits of 12 steps measure, as longer ones do
     base.update(extra)
     return base
 
@@ -71,8 +72,9 @@ def same_weights(a, b):
 
 
 @pytest.mark.parametrize("ratios, expected", [
-    ([0.5], 1), ([1 / CLEAR], 1), ([CLEAR], 0), ([0.9], None),   # one pair decides only when clear
-    ([0.9, 0.92], 1), ([1.0, 0.97], 0), ([0.9, 1.0], None),       # two that agree decide
+    ([0.1], None), ([10.0], None), ([0.5, 0.5], None),            # one or two pairs never decide, however far apart
+    ([0.9, 0.92, 0.9], 1), ([1.0, 0.97, 1.2], 0), ([0.9, 1.0, 0.9], None),  # three that agree decide
+    ([0.8, 0.8, 2.0, 0.8, 0.8, 0.8], 1),                         # one preempted step: confirmed by more pairs
     ([0.9, 1.0, 0.93, 0.99, 0.94, 0.9], 1), ([0.9, 1.0, 0.97, 0.99, 0.92, 1.1], 0),  # else the median
 ])
 def test_decide(ratios, expected):
@@ -103,17 +105,17 @@ def test_the_fits_first_steps_are_the_measurement(data, native_bf16, mixed, chos
     net = fit(data, module=Recording, amp_autotune__timer=timer)
     result = net.amp_autotune_
     assert result.params == chosen and result.source == "measured"
-    # float32 first, then alternating; one warm-up step each and one clear pair
-    assert result.steps_run == ["float32 (AMP off)", "bfloat16 mixed"] * 2
-    assert timer.calls[:4] == result.steps_run
+    # float32 first, then alternating; one warm-up step each and three pairs that agree
+    assert result.steps_run == ["float32 (AMP off)", "bfloat16 mixed"] * 4
+    assert timer.calls[:6] == result.steps_run[2:]  # each candidate's warm-up step is not timed
     seen = net.module_.autocast
-    assert len(seen) == 8 == sum(len(row["batches"]) for row in net.history)  # no extra forward pass
-    assert seen[:4] == [False, True, False, True]
-    assert seen[4:] == [bool(chosen["amp_enabled"])] * 4
+    assert len(seen) == 12 == sum(len(row["batches"]) for row in net.history)  # no extra forward pass
+    assert seen[:8] == [False, True] * 4
+    assert seen[8:] == [bool(chosen["amp_enabled"])] * 4
     assert net.precision_policy_.enabled == chosen["amp_enabled"]
-    assert [row["timed"] for row in result.table] == [1, 1]
+    assert [row["timed"] for row in result.table] == [3, 3]
     assert result.table[1]["step_s"] == mixed and result.table[0]["step_s"] == 1.0
-    assert result.cost_s == pytest.approx(abs(1.0 - mixed) * 2)  # the two steps in the other setting
+    assert result.cost_s == pytest.approx(abs(1.0 - mixed) * 3)  # the three timed steps in the other setting
     assert len(str(result).splitlines()) <= 10
 
 
@@ -142,7 +144,7 @@ def test_a_module_that_cannot_be_copied_trains_under_auto(data, native_bf16):
             raise ValueError("no copies of this module")
 
     net = AmpNetClassifier(**kw(module=Uncopyable(), amp_autotune__timer=Timer())).fit(*data)
-    assert net.amp_autotune_.params == BF16_MIXED and len(net.history) == 2
+    assert net.amp_autotune_.params == BF16_MIXED and len(net.history) == 3
 
 
 def test_a_float32_choice_keeps_the_optimizer_and_its_schedule(data, native_bf16):
@@ -150,13 +152,13 @@ def test_a_float32_choice_keeps_the_optimizer_and_its_schedule(data, native_bf16
     net = fit(data, callbacks=[sched], amp_autotune__timer=Timer(mixed=2.0), optimizer=torch.optim.AdamW)
     assert net.amp_autotune_.params == FLOAT32
     assert sched.lr_scheduler_.optimizer is net.optimizer_  # the schedule steps the optimizer that trains
-    assert net.optimizer_.param_groups[0]["lr"] == pytest.approx(0.05 * 0.25)
+    assert net.optimizer_.param_groups[0]["lr"] == pytest.approx(0.05 * 0.125)
     pinned = fit(data, callbacks=[LRScheduler(policy=torch.optim.lr_scheduler.StepLR, step_size=1, gamma=0.5)],
                  optimizer=torch.optim.AdamW, **FLOAT32)
     for key in ("fused", "foreach"):  # the kernel a float32 net builds
         assert net.optimizer_.defaults[key] == pinned.optimizer_.defaults[key]
         assert net.optimizer_.param_groups[0][key] == pinned.optimizer_.param_groups[0][key]
-    assert not net.precision_.float32_step
+    assert not net.amp_step_state_.float32_step
 
 
 def test_a_mixed_step_whose_forward_pass_overflows_is_unhealthy(data, native_bf16):
@@ -172,10 +174,10 @@ def test_a_mixed_step_whose_forward_pass_overflows_is_unhealthy(data, native_bf1
 
 def test_gradient_accumulation_measures_whole_steps(data, native_bf16):
     timer = Timer()
-    net = fit(data, gradient_accumulation_steps=2, max_epochs=2, amp_autotune__timer=timer)
-    assert net.amp_autotune_.steps_run == ["float32 (AMP off)", "bfloat16 mixed"] * 2
-    assert len(timer.calls) == 4  # one timed value per step of 2 micro-batches
-    assert {float(st["step"]) for st in net.optimizer_.state.values()} == {4.0}
+    net = fit(data, gradient_accumulation_steps=2, max_epochs=4, amp_autotune__timer=timer)
+    assert net.amp_autotune_.steps_run == ["float32 (AMP off)", "bfloat16 mixed"] * 4
+    assert len(timer.calls) == 6  # one timed value per step of 2 micro-batches (warm-up steps are not timed)
+    assert {float(st["step"]) for st in net.optimizer_.state.values()} == {8.0}
 
 
 def test_a_fit_too_short_to_measure_decides_without_a_training_step(data, native_bf16):
@@ -186,7 +188,7 @@ def test_a_fit_too_short_to_measure_decides_without_a_training_step(data, native
     net = fit((data[0][:32], data[1][:32]), max_epochs=1, amp_autotune__timer=timer)  # 2 steps
     result = net.amp_autotune_
     assert timer.calls == [] and result.source == "device" and result.steps_run == []
-    assert "this fit has 2 training steps, fewer than the 4 a measurement takes here" in result.note
+    assert "this fit has 2 training steps, fewer than the 8 a measurement takes here" in result.note
     candidates = [FLOAT32, BF16_MIXED]
     expected, why = device_choice(candidates, torch.device("cpu"), cache.machine(torch.device("cpu")))
     assert result.params == expected and why in result.note
@@ -205,30 +207,34 @@ def test_the_choice_without_a_measurement_follows_the_cpu(machine, chosen):
     from ampnet.auto.enabled import device_choice
 
     assert device_choice([FLOAT32, BF16_MIXED], torch.device("cpu"), machine)[0] == chosen
-    # the choices stored for other models on this machine come first
-    other = FLOAT32 if chosen is BF16_MIXED else BF16_MIXED
-    params, why = device_choice([FLOAT32, BF16_MIXED], torch.device("cpu"), machine, {True: 3, False: 1}
-                                if other is BF16_MIXED else {True: 1, False: 3})
-    assert params == other and why.endswith("as 3 of the 4 choices stored for other models on this machine")
-    # a tie keeps float32, and says so
-    params, why = device_choice([FLOAT32, BF16_MIXED], torch.device("cpu"), machine, {True: 1, False: 1})
-    assert params == FLOAT32 and "a tie between mixed precision and float32, and a tie keeps float32" in why
 
 
-def test_a_short_fit_takes_the_choice_stored_for_other_models_here(data, native_bf16, auto_cache_dir):
+@pytest.mark.parametrize("cpu_flags", [["amx_bf16"], []], ids=["amx", "no-amx"])
+def test_a_short_fit_follows_the_machine_and_the_model_only(data, native_bf16, auto_cache_dir, monkeypatch,
+                                                           cpu_flags):
+    """Issue 38 item 6: neither other models' entries nor junk files steer a short fit's choice."""
+    from ampnet.auto import cache
+
+    monkeypatch.setattr(cache, "_cpu", lambda: {"cpu": "test", "vendor": "GenuineIntel", "flags": cpu_flags})
+    empty = fit(data, module=Noisy, amp_autotune__min_steps=100).amp_autotune_
+    assert empty.source == "device" and empty.params == (BF16_MIXED if cpu_flags else FLOAT32)
+
     class Wider(Logits):
         def __init__(self):
             super().__init__()
             self.hidden = torch.nn.Linear(20, 8)
             self.extra = torch.nn.Linear(2, 2)
 
-    fit(data, amp_autotune__timer=Timer(mixed=2.0))  # measured: float32, stored
-    fit(data, module=Wider, amp_autotune__timer=Timer(mixed=2.0))  # another model: float32, stored
-    assert len(list(auto_cache_dir.iterdir())) == 2
-    (auto_cache_dir / "auto-broken.json").write_text("{")  # passed over
-    short = fit(data, module=Noisy, amp_autotune__min_steps=100)
-    assert short.amp_autotune_.source == "device" and short.amp_autotune_.params == FLOAT32
-    assert "as 2 of the 2 choices stored for other models on this machine" in short.amp_autotune_.note
+    other = FLOAT32 if cpu_flags else BF16_MIXED  # the opposite of the machine's choice, stored for 2 models
+    for module in (Logits, Wider):
+        cache.write_entry(cache.cache_key(AmpNetClassifier(**kw(module=module)).initialize(),
+                                          [FLOAT32, BF16_MIXED], data[0]), other, 0.01, str(auto_cache_dir))
+    for i in range(3):  # junk with no version or step_s, and a name that does not match its key
+        (auto_cache_dir / f"auto-{i:040x}.json").write_text(json.dumps({"params": {"amp_enabled": other["amp_enabled"]}}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        short = fit(data, module=Noisy, amp_autotune__min_steps=100).amp_autotune_
+    assert short.params == empty.params and short.note == empty.note
 
 
 def test_an_emulated_bfloat16_is_not_measured(data, monkeypatch):
@@ -261,17 +267,17 @@ def test_the_choice_is_checked_against_the_fits_epochs(data, native_bf16, auto_c
     class Slowing(Timer):  # the chosen setting's later steps run 3x slower than measured
         def __call__(self, params, seconds):
             value = super().__call__(params, seconds)
-            return value * 3 if len(self.calls) > 4 else value
+            return value * 3 if len(self.calls) > 6 else value
 
     net = fit(data, max_epochs=3, amp_autotune__timer=Slowing())
     result = net.amp_autotune_
     assert result.params == BF16_MIXED
-    assert result.check.startswith("epoch 2:") and "3.00x the 500.0 ms measured" in result.check
+    assert result.check.startswith("epoch 3:") and "3.00x the 500.0 ms measured" in result.check
     assert result.cache.startswith("not kept in ") and "the check dropped the stored choice" in str(result)
     assert list(auto_cache_dir.iterdir()) == []  # the next fit measures again
     again = Timer()
     fit(data, amp_autotune__timer=again)
-    assert again.calls[:4] == ["float32 (AMP off)", "bfloat16 mixed"] * 2
+    assert again.calls[:6] == ["float32 (AMP off)", "bfloat16 mixed"] * 3
 
 
 def test_a_choice_slower_than_the_other_settings_measurement_is_dropped(data, native_bf16, auto_cache_dir):
@@ -283,7 +289,7 @@ def test_a_choice_slower_than_the_other_settings_measurement_is_dropped(data, na
 
     net = fit(data, max_epochs=3, amp_autotune__timer=Turning(mixed=0.9))
     result = net.amp_autotune_
-    assert result.params == BF16_MIXED and result.steps_run == ["float32 (AMP off)", "bfloat16 mixed"] * 3
+    assert result.params == BF16_MIXED and result.steps_run == ["float32 (AMP off)", "bfloat16 mixed"] * 4
     assert result.check.startswith("epoch 3:") and "slower than the 1000.0 ms measured for float32" in result.check
     assert list(auto_cache_dir.iterdir()) == []
 
@@ -334,7 +340,7 @@ def test_cache_false_reads_and_writes_nothing(data, native_bf16, auto_cache_dir)
     assert len(list(auto_cache_dir.iterdir())) == 1
     timer = Timer()
     net = fit(data, amp_autotune__timer=timer, amp_autotune__cache=False)
-    assert net.amp_autotune_.source == "measured" and len(timer.calls) == 8
+    assert net.amp_autotune_.source == "measured" and len(timer.calls) == 10  # 6 timed, then 4 watched
 
 
 @pytest.mark.parametrize("damage", ["garbage", "json", "nan", "huge", "fifo", "symlink", "deep"])
@@ -493,7 +499,7 @@ def test_the_demo_says_what_auto_found(data, native_bf16):
     assert "amp_enabled='auto' measured 0.50x float32's step time" in verdict
     slower = fit(data, amp_autotune__timer=Timer(mixed=2.0), amp_autotune__cache=False).amp_autotune_
     assert "measured 2.00x float32's step time" in _verdict(SimpleNamespace(amp_autotune_=slower), "cpu", rows)
-    stored = fit(data).amp_autotune_
+    stored = fit(data, amp_autotune__timer=Timer(mixed=0.5)).amp_autotune_
     assert "it measured nothing" in _verdict(SimpleNamespace(amp_autotune_=stored), "cpu", rows)
 
 
