@@ -48,7 +48,9 @@ from ampnet.serving.conversion import ConversionMixin
 from ampnet.diagnostics.reports import ReportsMixin
 from ampnet.io.persistence import PersistenceMixin
 from ampnet.training.parallel import Parallel
-from ampnet.config.params import BUILT_ATTRIBUTE, PARSED_ATTRIBUTE, constructor_defaults, is_auto, is_parsed_name, parsed
+from ampnet.config.params import (
+    BUILT_ATTRIBUTE, PARSED_ATTRIBUTE, constructor_defaults, is_auto, is_parsed_name, parsed,
+)
 from ampnet.training.batches import array_batches
 from ampnet.training.records import DeferredHistory
 from ampnet.utils.placement import is_on
@@ -178,6 +180,8 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin, ReportsMixin):
         if anything fails, the net is left exactly as it was (an
         initialized net keeps its module, optimizer and precision)."""
         plan = reconfigure.plan_initialize(self)  # every check: nothing has changed when one refuses
+        if is_auto(plan.values["amp_enabled"]):
+            auto.check_choosable(plan.values)  # what amp_enabled='auto' may choose
         with all_or_nothing(self):
             reconfigure.build_precision(self, plan)
             super().initialize()
@@ -235,7 +239,11 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin, ReportsMixin):
         """
         try:
             change = reconfigure.plan_change(self, kwargs)  # every check: nothing has changed when one refuses
+            if change.values is not None and is_auto(change.values["amp_enabled"]):
+                auto.check_choosable(change.values)  # what amp_enabled='auto' may choose
             with all_or_nothing(self):
+                if "amp_autotune_" in self.__dict__:  # a choice the change may make stale
+                    auto.drop_stale_choice(self, change)
                 reconfigure.before_skorch(self, change)
                 if change.skorch:
                     super().set_params(**change.skorch)

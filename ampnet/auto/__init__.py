@@ -11,13 +11,16 @@ device's where mixed precision cannot pay off or the fit is too short to
 measure; else it measures in the fit's first steps (:mod:`ampnet.auto.trial`):
 the net starts in mixed precision and its float32 steps pause autocast.
 Once decided, a float32 choice switches the net in place
-(:func:`ampnet.config.reconfigure.switch_in_fit`), and the choice is stored.
+(:func:`ampnet.auto.switching.switch_in_fit`), and the choice is stored.
 
 - :mod:`ampnet.auto.enabled`: candidates, :class:`AutotuneResult`;
 - :mod:`ampnet.auto.trial`: the measurement and the watch over the choice;
 - :mod:`ampnet.auto.cache`: the on-disk memory;
 - :mod:`ampnet.auto.cache_command`: ``python -m ampnet cache [--clear]`` (:func:`manage_cache`);
 - :mod:`ampnet.auto.fp32_modules`: ``amp_fp32_modules='auto'``'s probe;
+- :mod:`ampnet.auto.switching`: a net switched to a choice;
+- :mod:`ampnet.auto.unswitchable`: what ``'auto'`` may choose, checked (:func:`check_choosable`);
+- :mod:`ampnet.auto.stale_choice`: the choice dropped where a change makes it stale (:func:`drop_stale_choice`);
 - :mod:`ampnet.auto.saved`: both choices in checkpoints.
 """
 
@@ -29,7 +32,6 @@ from typing import Any, Callable
 import torch
 from skorch.callbacks import LoadInitState as SkorchLoadInitState
 
-from ampnet.config import reconfigure
 from ampnet.auto import cache
 from ampnet.auto.cache_command import main as manage_cache
 from ampnet.auto.enabled import (
@@ -37,6 +39,9 @@ from ampnet.auto.enabled import (
 )
 from ampnet.auto.fp32_modules import resolve_fp32_modules, split_params
 from ampnet.auto.saved import enabled_choice, fp32_choice, plan_choices, write_choices
+from ampnet.auto.stale_choice import drop_stale_choice
+from ampnet.auto.switching import apply_choice, choice_problem, switch_in_fit
+from ampnet.auto.unswitchable import check_choosable
 from ampnet.auto.trial import MIN_PAIRS, Trial
 from ampnet.exceptions import amp_warn
 from ampnet.io.layout import checkpoint_files
@@ -46,7 +51,7 @@ from ampnet.config.params import is_auto
 from ampnet.utils.random_state import kept_random_state
 
 __all__ = ["resolve", "train_step", "end_epoch", "end_fit", "AutotuneResult", "write_choices", "plan_choices",
-           "manage_cache"]
+           "manage_cache", "check_choosable", "drop_stale_choice"]
 
 
 def resolve(net: Any, X: Any, y: Any = None, **fit_params: Any) -> None:
@@ -90,7 +95,7 @@ def _resolve_enabled(net: Any, X: Any, y: Any, saved: Any, source: str | None, e
     candidates, not_worth = candidate_params(net)
     if saved is not None:
         params, problem = enabled_choice(saved)
-        problem = problem or (reconfigure.choice_problem(net, params) if params is not None else None)
+        problem = problem or (choice_problem(net, params) if params is not None else None)
         if problem:
             amp_warn(f"{source} holds an amp_enabled='auto' choice that this net cannot use ({problem}); "
                      "it was ignored.")
@@ -140,7 +145,7 @@ def _apply(net: Any, result: AutotuneResult) -> None:
         torch.distributed.broadcast_object_list(shared, src=0)
         result = shared[0]
     with all_or_nothing(net):
-        reconfigure.apply_choice(net, result)
+        apply_choice(net, result)
     if net.verbose and result.source not in ("measuring", "cache"):
         print(result, flush=True)
 
@@ -160,7 +165,7 @@ def _stored(net: Any, key: dict | None, candidates: list,
         if params not in candidates:
             problem = f"{folder}: its choice {params!r} is not one of this net's candidates"
         else:
-            problem = reconfigure.choice_problem(net, params)
+            problem = choice_problem(net, params)
     if problem:
         amp_warn(f"amp_enabled='auto' ignored a cache entry it cannot use ({problem}); it measures again and "
                  "replaces it. Fix: nothing to do; to stop reading the cache, pass amp_autotune__cache=False.")
@@ -227,7 +232,7 @@ def _settle(net: Any, trial: Trial, store: bool = True) -> None:
         cost_s=sum(max(s - best, 0.0) for i, s in trial.seconds if i != chosen),
     )
     if chosen == 0:
-        reconfigure.switch_in_fit(net, result)
+        switch_in_fit(net, result)
     else:
         net.__dict__["amp_autotune_"] = result
     rank = torch.distributed.get_rank() if net.parallel_.world_size > 1 else 0

@@ -11,7 +11,7 @@ steps are the measurement (:mod:`ampnet.auto.trial`), where the fit has
 training step (:func:`device_choice`). Settings that cannot
 be switched per step (``amp_level='pure'``, master-weight settings,
 ``amp_modules``) are refused with ``'auto'``
-(:func:`ampnet.config.reconfigure.refuse_unswitchable`): pin them with
+(:func:`ampnet.auto.unswitchable.refuse_unswitchable`): pin them with
 ``amp_enabled=True``. What is decided once is remembered on disk
 (:mod:`ampnet.auto.cache`). The user guide's precision page tells the
 whole story; :class:`AutotuneResult` is the record.

@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import sklearn
 
-from ampnet.config import reconfigure
+from ampnet.auto.switching import apply_fp32_choice
 from ampnet.diagnostics.report import build_report
 from ampnet.utils.random_state import kept_random_state
 
@@ -70,4 +70,4 @@ def resolve_fp32_modules(net: Any, X: Any, y: Any = None, probe: Callable[..., A
                 f"amp_fp32_modules='auto': modules kept in float32 (where {report.target_dtype}'s "
                 f"range overflows on the first training batch): {kept}"
             )
-    reconfigure.apply_fp32_choice(net, choice)
+    apply_fp32_choice(net, choice)

@@ -12,7 +12,7 @@ a ``LoadInitState`` resume.
 is untrusted input like the rest of the file: :func:`enabled_choice` and
 :func:`fp32_choice` take only well-formed values, and a choice is adopted
 only after the parameter table and the precision component accept it for
-this net (:func:`ampnet.config.reconfigure.choice_problem`); otherwise the load
+this net (:func:`ampnet.auto.switching.choice_problem`); otherwise the load
 warns, naming the file, and ignores the choice: the net measures its own at
 its next fit. Adopting is all or nothing.
 """
@@ -27,7 +27,7 @@ from ampnet.io.rollback import Step
 from ampnet.auto.enabled import CHOICE_KEYS, AutotuneResult, label
 from ampnet.config.params import PARAMS, is_auto
 from ampnet.precision import module_root
-from ampnet.config import reconfigure
+from ampnet.auto import switching
 
 __all__ = [
     "ENABLED_KEY", "FP32_KEY", "enabled_choice", "fp32_choice", "fp32_problem", "write_choices",
@@ -178,13 +178,13 @@ def _plan_enabled(net: Any, state: Any, source: str) -> Step | None:
             f"{source} was saved by a net whose amp_enabled='auto' chose {label(saved)}; this net "
             f"chose {label(own.params)} and keeps its own choice. To train with the saved one, "
             f"pass {saved!r} to the constructor."))
-    problem = reconfigure.choice_problem(net, saved)
+    problem = switching.choice_problem(net, saved)
     if problem:
         return _warn_only(source, (
             f"{source} holds the choice of amp_enabled='auto' {label(saved)}, which this net "
             f"cannot use ({problem}); it was ignored, and the net measures its own at its next fit."))
     result = AutotuneResult(params=saved, device=str(net.device), source="loaded")
-    return Step(source, lambda: reconfigure.apply_choice(net, result))
+    return Step(source, lambda: switching.apply_choice(net, result))
 
 
 def _plan_fp32(net: Any, names: tuple[str, ...], source: str) -> Step | None:
@@ -192,7 +192,7 @@ def _plan_fp32(net: Any, names: tuple[str, ...], source: str) -> Step | None:
     if prec is None:
         return None
     if prec.auto_pending:
-        return Step(source, lambda: reconfigure.apply_fp32_choice(net, names))
+        return Step(source, lambda: switching.apply_fp32_choice(net, names))
     own = prec.layout.auto_fp32_modules if prec.layout is not None else None
     if own is None or set(own) == set(names):
         return None

@@ -32,8 +32,7 @@ from typing import Any, Callable
 import torch
 
 from ampnet.config.reconfigure import ampnet_kernels
-from ampnet.precision import GradScaler, dtype_name, set_kernels
-from ampnet.precision.kernels import KERNEL_KEYS
+from ampnet.precision import KERNEL_KEYS, GradScaler, dtype_name, set_kernels
 from ampnet.utils.dtypes import LOW_PRECISION_DTYPES
 from ampnet.utils.tree import iter_tensors
 

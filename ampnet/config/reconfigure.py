@@ -1,8 +1,11 @@
 """Building and changing a net's components, all or nothing: what
 ``AmpNetMixin.initialize``, ``_initialize_module``, ``initialize_grad_scaler``
-and ``set_params`` do around skorch's own methods, and switching a net to
-the choices of the autos (:func:`apply_choice`, :func:`switch_in_fit`,
-:func:`apply_fp32_choice`).
+and ``set_params`` do around skorch's own methods, with the helpers that
+switching a net to the choices of the autos uses
+(:mod:`ampnet.auto.switching`: :func:`trained_settings`,
+:func:`carried_states`, :func:`rebuild_optimizers`, :func:`relayout`).
+What ``amp_enabled='auto'`` stands for before it chooses is read here
+(:func:`checked_params`); everything else of the autos is in ``ampnet/auto/``.
 
 The net owns the sequence: it calls this module to check and plan (nothing
 changes), then skorch's method, then this module to apply, inside one
@@ -40,19 +43,18 @@ from ampnet.config.params import (
     rebuilds,
 )
 from ampnet.precision import (
-    COMPENSATION_KEY, GradScaler, Precision, PrecisionSettings, build_scaler, build_settings, compensation_of,
-    keep_kernels, kernels_differ, set_kernels, user_chose_kernel, validate_scaler_settings,
+    GradScaler, Precision, PrecisionSettings, build_scaler, build_settings, keep_kernels, kernels_differ,
+    user_chose_kernel, validate_scaler_settings,
 )
 
 if TYPE_CHECKING:
-    from ampnet.auto.enabled import AutotuneResult
     from ampnet.net import AmpNetMixin
 
 __all__ = [
-    "parse", "checked_params", "uses_closure", "ampnet_kernels", "InitPlan", "plan_initialize", "build_precision",
-    "build_training", "detach_layout", "attach_layout", "initialize_grad_scaler", "Change", "plan_change", "before_skorch",
-    "apply_change", "relayout", "apply_choice", "switch_in_fit", "apply_fp32_choice", "choice_problem",
-    "refuse_unswitchable", "with_name_hints",
+    "parse", "assigned_changes", "checked_params", "trained_settings", "uses_closure", "ampnet_kernels", "InitPlan",
+    "plan_initialize", "build_precision", "build_training", "detach_layout", "attach_layout", "initialize_grad_scaler",
+    "Change", "plan_change", "before_skorch", "apply_change", "relayout", "RebuildReason", "carried_states",
+    "rebuild_optimizers", "with_name_hints",
 ]
 
 #: The scaler bounds that a live change of one of them is checked against.
@@ -122,7 +124,8 @@ def checked_params(net: "AmpNetMixin", changes: Mapping[str, Any] | None = None,
     """The parameters the net trains with after ``changes`` (``values``:
     their parse, when the caller has it), with ``amp_enabled='auto'``
     standing for its choice (float32 before it, or when ``changes`` drop
-    it). What ``'auto'`` may choose is checked too.
+    it). What ``'auto'`` may choose is checked by the net, after the plan
+    (:func:`ampnet.auto.check_choosable`).
 
     Raises
     ------
@@ -133,44 +136,11 @@ def checked_params(net: "AmpNetMixin", changes: Mapping[str, Any] | None = None,
     params = dict(values if values is not None else parse(net, changes))
     if not is_auto(params["amp_enabled"]):
         return params
-    # what 'auto' may choose must be valid (a master-weights setting narrows it to 'pure')
-    device = torch.device(params.get("device") or "cpu") if _is_device(params.get("device")) else None
-    if device is not None and torch.amp.is_autocast_available(device.type) and (
-            device.type != "cuda" or torch.cuda.is_available()):
-        refuse_unswitchable(params)
-        build_settings({**params, "amp_enabled": True})
     choice = None if auto_inputs().intersection(changes) else net.__dict__.get("amp_autotune_")
     return {**params, **(choice.params if choice is not None else pending_params(params["memory_format"]))}
 
 
-def refuse_unswitchable(params: Mapping[str, Any]) -> None:
-    """Refuse ``'auto'`` with settings that cannot be switched to and from
-    float32 between two steps (``params``: checked constructor values).
-
-    Raises
-    ------
-    ValueError
-      Naming the parameter, its value and the fix.
-    """
-    for name, default in (("amp_level", "mixed"), ("amp_master_weights", True), ("amp_modules", None)):
-        value = params.get(name, default)
-        if value != default and not (value is default):
-            raise ValueError(
-                f"amp_enabled='auto' chooses between float32 and mixed precision, measured in the fit's own "
-                f"steps, and cannot switch to {name}={value!r} between two steps (the weights or their "
-                f"precision regions would be rebuilt). Fix: pin it, with amp_enabled=True and {name}={value!r}, "
-                f"or keep {name}={default!r} with amp_enabled='auto'.")
-
-
-def _is_device(value: Any) -> bool:
-    try:
-        torch.device(value or "cpu")
-    except (RuntimeError, TypeError):
-        return False
-    return True
-
-
-def _settings(net: "AmpNetMixin") -> PrecisionSettings:
+def trained_settings(net: "AmpNetMixin") -> PrecisionSettings:
     """The precision settings the net trains with, from its parse."""
     return build_settings(checked_params(net, values=parse(net)))
 
@@ -263,7 +233,7 @@ def attach_layout(net: "AmpNetMixin") -> None:
     """
     prec = net.__dict__.get("precision_")
     if prec is None:
-        prec = net.__dict__["precision_"] = Precision.build(_settings(net), net.get_params_for("grad_scaler"))
+        prec = net.__dict__["precision_"] = Precision.build(trained_settings(net), net.get_params_for("grad_scaler"))
     module = net.__dict__.get("module_")
     if isinstance(module, torch.nn.Module):
         prec.attach(module, trimmed=getattr(net, "_trimmed_for_prediction", False))
@@ -374,22 +344,20 @@ def before_skorch(net: "AmpNetMixin", change: Change) -> None:
 
 def apply_change(net: "AmpNetMixin", change: Change) -> None:
     """The change, after skorch's ``set_params``: ampnet's parameters set,
-    ``'auto'``'s choice dropped where its inputs changed, and what the
-    parameter table says the change rebuilds."""
+    and what the parameter table says the change rebuilds (``'auto'``'s
+    choice is dropped where its inputs change by
+    :func:`ampnet.auto.drop_stale_choice`, which the net calls first)."""
     if change.kind == "store":
         net.__dict__.update(change.own)
         return
     if change.kind == "rebuild":
         _check_optimizers_accept(net, change.skorch)
-    _drop_choice_on_new_probe_settings(net, _tuned(change.own))
     net.__dict__.update(change.own)
     _hold(net, change.values)
     if change.kind == "live":
         _set_live_settings(net.precision_.scaler, _live(change.own))
         net.amp_step_state_.scale = None
         return
-    if auto_inputs().intersection(change.kwargs):
-        net.__dict__.pop("amp_autotune_", None)  # the next fit measures again
     _apply_precision(net, change.new, sorted(change.kwargs), change.checked)
     if PARALLEL in rebuilds(change.kwargs):  # refused as initialize() refuses it (True without a process group)
         net.parallel_ = rebuild_parallel(net, net.parallel_, net.amp_step_state_.closure)
@@ -425,16 +393,6 @@ def _check_live(net: "AmpNetMixin", own: Mapping[str, Any]) -> None:
         current = scaler.get_settings() if isinstance(scaler, GradScaler) else {}
         bounds = {k: current[k] for k in _BOUNDS if k in current and k not in live} if set(live) & set(_BOUNDS) else {}
         validate_scaler_settings(**{**bounds, **live})  # the one check of these values
-
-
-def _drop_choice_on_new_probe_settings(net: "AmpNetMixin", tuned: Mapping[str, Any]) -> None:
-    """A change of ``amp_enabled='auto'``'s settings (``amp_autotune__*``)
-    asks for a new choice: it is dropped, and the next fit of an ``'auto'``
-    net reads the cache or measures again. Setting a value it already has
-    changes nothing."""
-    current = net.get_params_for("amp_autotune")
-    if any(current.get(name, PARAMS[f"amp_autotune__{name}"].default) != value for name, value in tuned.items()):
-        net.__dict__.pop("amp_autotune_", None)
 
 
 def _optimizer_settings(net: "AmpNetMixin", changed: dict[str, Any]) -> dict[str, Any]:
@@ -494,7 +452,7 @@ def _apply_precision(net: "AmpNetMixin", new: Precision, changed: list[str], che
         new.layout, new.masters = prec.layout, prec.masters
         net.__dict__["precision_"] = new
         if moves and not getattr(net, "_trimmed_for_prediction", False) and _kernels_changed(net):
-            _rebuild_optimizers(net, _carried_states(net), _changing(net, layout_changed))
+            rebuild_optimizers(net, carried_states(net), _changing(net, layout_changed))
     net.__dict__["precision_"] = new
     net.amp_step_state_.scale = None
     net.amp_step_state_.closure = uses_closure(net)
@@ -514,7 +472,7 @@ def relayout(net: "AmpNetMixin", old: Precision, new: Precision, changed: list[s
     net.__dict__["precision_"] = new
     # float32 parameters throughout and the kernel ampnet would choose: the optimizer is still right
     if moved or _kernels_changed(net):
-        _rebuild_optimizers(net, _carried_states(net), _changing(net, changed))
+        rebuild_optimizers(net, carried_states(net), _changing(net, changed))
 
 
 def _kernels_changed(net: "AmpNetMixin") -> bool:
@@ -532,7 +490,7 @@ def _kernels_changed(net: "AmpNetMixin") -> bool:
 
 
 @dataclass(frozen=True)
-class _Why:
+class RebuildReason:
     """Why the optimizers are rebuilt: skorch's re-init message (None: no
     message) and the words of the warning for a state that does not fit."""
 
@@ -540,11 +498,12 @@ class _Why:
     words: str
 
 
-def _changing(net: "AmpNetMixin", changed: list[str]) -> _Why:
-    return _Why(net._format_reinit_msg("optimizer", dict.fromkeys(changed)), f"after changing {', '.join(changed)}")
+def _changing(net: "AmpNetMixin", changed: list[str]) -> RebuildReason:
+    return RebuildReason(net._format_reinit_msg("optimizer", dict.fromkeys(changed)),
+                         f"after changing {', '.join(changed)}")
 
 
-def _carried_states(net: "AmpNetMixin", names: list[str] | None = None) -> dict[str, dict]:
+def carried_states(net: "AmpNetMixin", names: list[str] | None = None) -> dict[str, dict]:
     """The optimizers' states to carry over (``names``: those optimizers
     only; default: all, empty states included)."""
     if names is None:
@@ -552,7 +511,7 @@ def _carried_states(net: "AmpNetMixin", names: list[str] | None = None) -> dict[
     return {n: getattr(net, n + "_").state_dict() for n in names if getattr(net, n + "_").state}
 
 
-def _rebuild_optimizers(net: "AmpNetMixin", states: Mapping[str, dict], why: _Why) -> None:
+def rebuild_optimizers(net: "AmpNetMixin", states: Mapping[str, dict], why: RebuildReason) -> None:
     """Build the optimizers afresh for the module's layout (with the kernel
     for it), with skorch's re-init message where ``why`` has one, and carry
     ``states`` over where the parameters line up (else a warning, and that
@@ -569,85 +528,6 @@ def _rebuild_optimizers(net: "AmpNetMixin", states: Mapping[str, dict], why: _Wh
             optimizer.load_state_dict(keep_kernels(optimizer, state))
         except ValueError as exc:
             amp_warn(f"The state of {name} could not be carried over {why.words} ({exc}); it starts afresh.")
-
-
-def apply_choice(net: "AmpNetMixin", result: "AutotuneResult", carry: bool = True) -> None:
-    """Switch the net to ``amp_enabled='auto'``'s choice ``result``: a new
-    precision component for it, the module moved to its layout, new
-    optimizers (their state carried over with ``carry``) and a new step
-    state, as a net constructed with the chosen settings has them."""
-    before = net.__dict__.get("amp_autotune_")
-    pending = checked_params(net) if before is None else None
-    net.__dict__["amp_autotune_"] = result
-    if pending is not None and all(pending[k] == v for k, v in result.params.items()):
-        return  # the choice is what the net trains with before choosing (float32): nothing changes
-    settings = _settings(net)
-    old, new = net.precision_, Precision.build(settings, net.get_params_for("grad_scaler"))
-    trimmed = getattr(net, "_trimmed_for_prediction", False)
-    names = [n for n in net._optimizers if isinstance(net.__dict__.get(n + "_"), torch.optim.Optimizer)]
-    module = net.__dict__.get("module_")
-    # compensation buffers loaded into a float32 net's optimizer (load_params) stay the weights'
-    kept = compensation_of([getattr(net, n + "_") for n in names]) if carry and settings.compensated else {}
-    if isinstance(module, torch.nn.Module):
-        new.take_over(old, module, trimmed, [getattr(net, n + "_") for n in names])
-    states = _carried_states(net, names) if carry else {}
-    net.__dict__["precision_"] = new
-    if not trimmed:
-        _rebuild_optimizers(net, states, _Why(None, "to the settings of amp_enabled='auto'"))
-        for name in net._optimizers if kept else ():
-            optimizer = getattr(net, name + "_")
-            for p in (p for group in optimizer.param_groups for p in group["params"]):
-                if id(p) in kept and p in optimizer.state:
-                    optimizer.state[p][COMPENSATION_KEY] = kept[id(p)].to(p.dtype)
-    # a new step state, as initialize() builds; DDP re-wraps the module by itself
-    net.amp_step_state_ = steps.StepState(closure=uses_closure(net))
-
-
-def switch_in_fit(net: "AmpNetMixin", result: "AutotuneResult") -> None:
-    """Switch an ``'auto'`` net that measured in its fit's first steps to
-    the float32 choice ``result`` in place: a new precision component, and
-    the optimizers' kernels set in their parameter groups as a float32 net
-    builds them, the optimizer objects (which callbacks such as skorch's
-    ``LRScheduler`` hold) kept with their state. Mixed precision and float32
-    share the module's layout (float32 weights, the same memory format)."""
-    net.__dict__["amp_autotune_"] = result
-    old, new = net.precision_, Precision.build(_settings(net), net.get_params_for("grad_scaler"))
-    module = net.__dict__.get("module_")
-    if isinstance(module, torch.nn.Module):
-        new.take_over(old, module, getattr(net, "_trimmed_for_prediction", False))
-    net.__dict__["precision_"] = new
-    for name in ampnet_kernels(net):
-        optimizer = net.__dict__.get(name + "_")
-        if isinstance(optimizer, torch.optim.Optimizer) and callable(getattr(net, name, None)):
-            _, kwargs = net.get_params_for_optimizer(name, net.get_all_learnable_params())
-            set_kernels(optimizer, kwargs)
-    net.amp_step_state_.scale = None
-    net.amp_step_state_.closure = uses_closure(net)
-
-
-def apply_fp32_choice(net: "AmpNetMixin", names: tuple[str, ...]) -> None:
-    """Switch the net to ``amp_fp32_modules='auto'``'s choice: ``names``
-    join the float32 regions, as if listed in ``amp_fp32_modules``."""
-    prec = net.precision_
-    new = Precision(prec.settings, prec.scaler)
-    new.auto_fp32 = tuple(names)
-    relayout(net, prec, new, ["amp_fp32_modules"])
-    net.__dict__["precision_"] = new
-
-
-def choice_problem(net: "AmpNetMixin", params: Mapping[str, Any]) -> str | None:
-    """Why ``net`` cannot train with ``amp_enabled='auto'``'s choice
-    ``params`` (checked values of the table's choice parameters): the
-    settings are refused together with the net's others, or its optimizers
-    cannot serve them; None when it can."""
-    try:
-        settings = build_settings({**checked_params(net), **params})
-        Precision(settings, net.precision_.scaler).check_optimizers(
-            [(n, o) for n in net._optimizers if isinstance(o := net.__dict__.get(n + "_"), torch.optim.Optimizer)],
-            ampnet_kernels(net))  # applying the choice rebuilds them with the kernel for it
-    except (ValueError, TypeError) as exc:
-        return str(exc).splitlines()[0]
-    return None
 
 
 # ---- unknown names --------------------------------------------------------------------------------

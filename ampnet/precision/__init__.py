@@ -21,7 +21,9 @@ from ampnet.precision.component import NO_CONTEXT, Precision, build_scaler, modu
 from ampnet.precision.kinds import precision_class  # imports the kinds: Precision(settings, scaler) builds one
 from ampnet.precision.devices import check_device
 from ampnet.precision.inputs import autocast_dtype_error
-from ampnet.precision.kernels import keep_kernels, kernel_defaults, kernels_differ, set_kernels, user_chose_kernel
+from ampnet.precision.kernels import (
+    KERNEL_KEYS, keep_kernels, kernel_defaults, kernels_differ, set_kernels, user_chose_kernel,
+)
 from ampnet.precision.masters import remove_state_hooks
 from ampnet.precision.memory import MemoryReport, measure_memory
 from ampnet.precision.plan import PrecisionLayout, is_inside
@@ -65,6 +67,7 @@ __all__ = [
     "keep_kernels",
     "set_kernels",
     "kernel_defaults",
+    "KERNEL_KEYS",
     "kernels_differ",
     "user_chose_kernel",
     "parse_selectors",

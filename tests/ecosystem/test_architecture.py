@@ -405,3 +405,24 @@ def test_a_rebuilt_scaler_takes_its_settings_from_the_net(classifier_data):
     net.set_params(grad_scaler__init_scale=128.0)  # not settable live: a new scaler
     assert net.grad_scaler_ is not live
     assert (net.grad_scaler_.get_growth_factor(), net.grad_scaler_.get_scale()) == (3.0, 128.0)
+
+
+def test_the_autos_logic_lives_in_auto():
+    """Configuration builds and changes components; switching a net to a choice, what "auto" may choose and
+    when a change makes its choice stale are ampnet/auto's (issue 39: about 110 lines of it were in
+    config/reconfigure.py). reconfigure.py reads the choice in one place: what 'auto' stands for."""
+    import ampnet.auto as auto
+    import ampnet.config.reconfigure as reconfigure
+
+    for name in ("apply_choice", "switch_in_fit", "apply_fp32_choice", "choice_problem", "refuse_unswitchable",
+                 "_drop_choice_on_new_probe_settings"):
+        assert not hasattr(reconfigure, name), name
+    from ampnet.auto import stale_choice, switching, unswitchable
+
+    assert callable(switching.apply_choice) and callable(switching.switch_in_fit)
+    assert callable(unswitchable.refuse_unswitchable) and auto.check_choosable is unswitchable.check_choosable
+    assert auto.drop_stale_choice is stale_choice.drop_stale_choice
+    tree = ast.parse(inspect.getsource(reconfigure))
+    readers = sorted({fn.name for fn in ast.walk(tree) if isinstance(fn, ast.FunctionDef)
+                      for node in ast.walk(fn) if isinstance(node, ast.Constant) and node.value == "amp_autotune_"})
+    assert readers == ["checked_params"]
