@@ -108,7 +108,7 @@ def _resolve_enabled(net: Any, X: Any, y: Any, saved: Any, source: str | None, e
                                            key=key, folder=folder)
         return None
     steps = _fit_steps(net, X, y, epochs, **fit_params)
-    needed = max(2 * (settings["warmup"] + MIN_PAIRS), settings["min_steps"])
+    needed = max(2 * (settings["warmup"] + min(MIN_PAIRS, settings["steps"])), settings["min_steps"])
     if steps is not None and steps < needed:
         # the machine and the model decide, never what other models stored
         params, why = device_choice(candidates, device, cache.machine(device))
