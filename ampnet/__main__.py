@@ -1,6 +1,8 @@
 """``python -m ampnet``: train on scikit-learn's digits in float32, with
 mixed precision, and with ``amp_enabled='auto'`` (which measures which of
 them pays off on this machine), and print what each run did.
+``python -m ampnet cache`` shows where ``amp_enabled='auto'`` stores its
+choices, and ``python -m ampnet cache --clear`` removes them.
 
 Each run's "done in" time is that of its ``fit`` (``amp_enabled='auto'``'s
 measuring steps included), measured after an untimed warm-up; the table's "median
@@ -147,6 +149,11 @@ def _positive(value: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["cache"]:  # python -m ampnet cache [--clear]: amp_enabled='auto''s stored choices
+        from ampnet.auto import manage_cache
+
+        return manage_cache(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m ampnet", description=__doc__.replace("``", "`"))  # reST markup reads as Markdown here
     parser.add_argument("--epochs", type=_positive, default=6, help="training epochs of each run (default: 6)")
     parser.add_argument("--hidden", type=_positive, default=512,
@@ -196,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(nets[-1].amp_autotune_)
     print()
-    print(_verdict(nets[-1], args.device))
+    print(_verdict(nets[-1], args.device, rows))
     print("Pin the choice with AmpNetClassifier(..., **net.amp_autotune_.params). Run "
           "`python -m ampnet.benchmark` for careful speed measurements.")
     return 0
@@ -219,26 +226,38 @@ def _timing_note(rows: list[tuple[str, ...]], spread: float = 1.5) -> str | None
     return None
 
 
-def _verdict(net: Any, device: str) -> str:
-    """One honest sentence on whether AMP pays off here."""
+def _verdict(net: Any, device: str, rows: list[tuple[str, ...]]) -> str:
+    """Whether AMP pays off here, from the figures the table shows (the
+    median epoch times of the float32 and the AMP run, ``rows[0]`` and
+    ``rows[1]``), then what ``amp_enabled='auto'`` (``net``) did, in its own
+    figures, saying where the two disagree."""
     result = net.amp_autotune_
-    reason = ""
+    fp32_ms, amp_ms, amp_name = float(rows[0][3]), float(rows[1][3]), rows[1][1]
+    ratio = amp_ms / fp32_ms if fp32_ms > 0 else float("inf")
+    pays = ratio < 1
+    lines = [f"In this run, AMP {'pays off' if pays else 'does not pay off'}: {amp_name} took {ratio:.2f}x "
+             f"float32's median epoch time ({amp_ms:.1f} ms against {fp32_ms:.1f} ms, the table's figures)."]
     if torch.device(device).type == "cpu" and not cpu_has_native_bf16():
-        reason = (" This CPU has no native bfloat16 (AVX512-BF16 or AMX): bfloat16 is emulated, "
-                  "so AMP cannot pay off here; on a CPU with it, or a recent GPU, it can.")
-    if result.source in ("cache", "checkpoint", "loaded"):
-        return (f"amp_enabled='auto' trains in {result.chosen}, a choice made by an earlier fit of this model "
-                f"on this machine ({result.cache or result.source}); it measured nothing. Pass "
-                "amp_autotune__cache=False to measure again." + reason)
+        lines.append("This CPU has no native bfloat16 (AVX512-BF16 or AMX): bfloat16 is emulated, so AMP cannot "
+                     "pay off here; on a CPU with it, or a recent GPU, it can.")
+    chose_mixed = bool(result.params.get("amp_enabled"))
     times = [row.get("step_s") for row in result.table]
-    if result.source != "measured" or len(times) < 2 or not all(times):
-        return f"amp_enabled='auto' trains in {result.chosen} without measuring: {result.note}." + reason
-    ratio = times[1] / times[0]
-    if result.params["amp_enabled"]:
-        return (f"AMP pays off on this machine: {result.chosen} took {ratio:.2f}x float32's step time in the "
-                "fit's first steps, so amp_enabled='auto' trains with it.")
-    return (f"AMP does not pay off for this model on this machine: mixed precision took {ratio:.2f}x float32's "
-            "step time in the fit's first steps, so amp_enabled='auto' trains in float32." + reason)
+    if result.source == "measured" and len(times) >= 2 and all(times):
+        auto = (f"amp_enabled='auto' measured {times[1] / times[0]:.2f}x float32's step time in its fit's first "
+                f"steps and trains in {result.chosen}")
+    elif result.source in ("cache", "checkpoint", "loaded"):
+        auto = (f"amp_enabled='auto' trains in {result.chosen}, a choice made by an earlier fit of this model on "
+                f"this machine; it measured nothing (to measure again: `python -m ampnet cache --clear`)")
+    else:
+        auto = f"amp_enabled='auto' trains in {result.chosen} without measuring: {result.note}"
+    if chose_mixed != pays:
+        auto += (", which this table's epochs do not bear out: a fit's first steps and single runs on a busy "
+                 "machine can differ (`python -m ampnet.benchmark` measures carefully)")
+    lines.append(auto + ".")
+    if result.check:
+        lines.append("Its epoch check found the chosen setting slower than measured: the stored choice was "
+                     "dropped, and the next fit measures again.")
+    return " ".join(lines)
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ from ampnet.serving.conversion import ConversionMixin
 from ampnet.diagnostics.reports import ReportsMixin
 from ampnet.io.persistence import PersistenceMixin
 from ampnet.training.parallel import Parallel
-from ampnet.config.params import PARSED_ATTRIBUTE, constructor_defaults, is_auto, is_parsed_name, parsed
+from ampnet.config.params import BUILT_ATTRIBUTE, PARSED_ATTRIBUTE, constructor_defaults, is_auto, is_parsed_name, parsed
 from ampnet.training.batches import array_batches
 from ampnet.training.records import DeferredHistory
 from ampnet.utils.placement import is_on
@@ -153,9 +153,13 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin, ReportsMixin):
 
     def __setattr__(self, name: str, value: Any) -> None:
         # a parameter set by plain assignment (net.amp_dtype = ...), as scikit-learn allows: the parse
-        # that initialize() and set_params made no longer holds, and the next reader parses afresh
+        # that initialize() and set_params made no longer holds, and the next reader parses afresh; an
+        # initialized net keeps the parse its components were built from, so that the next set_params
+        # or partial_fit rebuilds what the assignment changes (reconfigure.assigned_changes)
         if is_parsed_name(name):
-            self.__dict__.pop(PARSED_ATTRIBUTE, None)
+            held = self.__dict__.pop(PARSED_ATTRIBUTE, None)
+            if held is not None and self.__dict__.get("initialized_", False):
+                self.__dict__.setdefault(BUILT_ATTRIBUTE, held)
         super().__setattr__(name, value)
 
     def _component(self, name: str) -> Any:
@@ -252,6 +256,8 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin, ReportsMixin):
         X, y = prepare_fit_inputs(self, X, y)  # a pandas DataFrame X, pandas y (ampnet.training.user_inputs)
         if not self.initialized_:
             self.initialize()
+        elif BUILT_ATTRIBUTE in self.__dict__:  # set by plain assignment since: built as set_params builds it
+            self.set_params(**reconfigure.assigned_changes(self))
         auto.resolve(self, X, y, **fit_params)  # the autos' choices, at the first fit only
         if not is_auto(self.amp_enabled):  # 'auto' measured whether it pays off here
             for notice in self.precision_policy_.notices:
@@ -315,7 +321,8 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin, ReportsMixin):
         """Forward and loss in one precision context, then :meth:`backward`."""
         self._set_training(True)
         Xi, yi = unpack_data(batch)
-        with self.precision_.forward_context():  # infer and get_loss find it entered
+        # infer and get_loss find the context entered; a float32 step of auto's trial enters none
+        with NO_CONTEXT if self.amp_step_state_.float32_step else self.precision_.forward_context():
             y_pred = self.infer(Xi, **fit_params)
             loss = self.get_loss(y_pred, yi, X=Xi, training=True)
         self.backward(loss)
@@ -409,6 +416,8 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin, ReportsMixin):
         if not prec.enabled and parallel.ddp is None:
             return super().infer(x, **fit_params)
         context = prec.forward_context()
+        if context is not NO_CONTEXT and self._float32_step():
+            context = NO_CONTEXT
         try:
             if context is NO_CONTEXT and parallel.ddp is None:  # inside a training step's context
                 return prec.convert_output(self._skorch_infer(x, fit_params))
@@ -419,6 +428,12 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin, ReportsMixin):
             if prec.enabled and error is not None:
                 raise error from exc
             raise
+
+    def _float32_step(self) -> bool:
+        """Whether ``amp_enabled='auto'`` measures a float32 step now (the
+        fit's own state, ``amp_step_state_``, holds it; no autocast then)."""
+        state = self.__dict__.get("amp_step_state_")
+        return state is not None and state.float32_step
 
     def _skorch_infer(self, x: Any, fit_params: dict) -> Any:
         """skorch's ``infer`` (the next in the MRO); during a fit where it is
@@ -446,6 +461,8 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin, ReportsMixin):
             state.check_loss_inputs = False
             state.not_probabilities = check_loss_inputs(self, y_pred, y_true)
         context = self.precision_.forward_context()
+        if context is not NO_CONTEXT and state is not None and state.float32_step:
+            context = NO_CONTEXT  # a float32 step of amp_enabled='auto''s trial
         if context is NO_CONTEXT:  # AMP off, or inside a training step's context
             if (state is not None and state.plain_loss and type(y_true) is torch.Tensor
                     and is_on(y_true, self.device) and not isinstance(self.criterion_, torch.nn.NLLLoss)):

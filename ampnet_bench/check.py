@@ -2,21 +2,30 @@
 
 In one call, within a time budget (default 450 s, for the 8 minutes a lent H100 gives), it
 
-1. runs ``pytest -m gpu`` (the tests marked ``gpu``);
-2. counts host synchronizations per training step under
+1. runs the workloads sized for a GPU (:data:`~ampnet_bench.workloads.GPU_WORKLOADS`: a
+   ResNet-50 at 224 px, a BERT-base-sized encoder, a GPT-2-small-sized decoder) in bfloat16,
+   2 rounds, with the contenders of :data:`~ampnet_bench.contenders.GPU_CONTENDERS` (float32
+   IEEE and TF32, the careful loop twice, AmpNet's default, ``'auto'`` and float8), each
+   workload in its own process with its own time limit;
+2. runs the overhead workload (MLP 20-32-2, batch 32, 400 steps) on the device with the
+   contenders of :func:`~ampnet_bench.contenders.overhead_contenders`;
+3. counts host synchronizations per training step under
    ``torch.cuda.set_sync_debug_mode("warn")``: the warnings raised over two
    short epochs of different lengths, so that their difference gives the
-   count per step and the rest the count per epoch, for a hand-written
-   autocast loop and for AmpNet (AMP off, bf16, fp16 with loss scaling,
-   compensated pure bf16);
-3. runs the benchmark's model workloads (:data:`~ampnet_bench.workloads.MODEL_WORKLOADS`)
-   on the device in bfloat16 and float16, 2 rounds, with the contenders of
-   :data:`~ampnet_bench.contenders.HEADLINE_CONTENDERS`, each workload and
-   dtype in its own process with its own time limit, and records what
-   ``amp_enabled='auto'`` chose on each;
+   count per step and the rest the count per epoch, for the careful loop and
+   AmpNet's default (the data on the device), a hand-written autocast loop
+   fed by a DataLoader and AmpNet's other settings (AMP off, fp16 with loss
+   scaling, compensated pure bf16);
+4. runs ``pytest -m gpu`` (the tests marked ``gpu``);
+5. as time allows, the benchmark's CPU-sized model workloads
+   (:data:`~ampnet_bench.workloads.MODEL_WORKLOADS`) in bfloat16 and float16, with the
+   contenders of :data:`~ampnet_bench.contenders.HEADLINE_CONTENDERS`;
 
-and writes one Markdown report. A step that would not fit in what is left
-of the budget is skipped and reported as such, so the check ends in time.
+records what ``amp_enabled='auto'`` chose on each workload, and writes one Markdown report
+(:mod:`ampnet_bench.check_report`) that opens with issue 37's targets, each met, not met or not
+measured with its figures. A step that would not fit in what is left of the budget is skipped
+and reported as such, so the check ends in time; the steps of part 5 are optional (skipping
+them for time does not fail the check).
 
 ``--dry-run`` runs the same steps on the CPU at the workloads' quick sizes
 (so the check is known to work before a GPU is at hand): ``pytest -m gpu``
@@ -42,13 +51,16 @@ from typing import Any, Callable
 import torch
 
 from ampnet_bench.config import BenchConfig
-from ampnet_bench.contenders import CONTENDERS, HEADLINE_CONTENDERS
+from ampnet_bench.check_report import render_report
+from ampnet_bench.contenders import CONTENDERS, GPU_CONTENDERS, HEADLINE_CONTENDERS, overhead_contenders
+from ampnet_bench.files import write_text_atomic
 from ampnet_bench.machine import describe_machine
 from ampnet_bench.memory import subprocess_env
-from ampnet_bench.workloads import MODEL_WORKLOADS, get_workload
+from ampnet_bench.workloads import GPU_WORKLOADS, MODEL_WORKLOADS, get_workload
 
 __all__ = [
     "CHECK_DTYPES",
+    "CHECK_WORKLOADS",
     "CheckPlan",
     "SYNC_SETTINGS",
     "count_host_syncs",
@@ -57,17 +69,24 @@ __all__ = [
     "render_report",
     "run_check",
     "run_pytest",
+    "step_contenders",
 ]
 
 #: The AMP dtypes every workload runs in.
 CHECK_DTYPES = ("bfloat16", "float16")
 
-#: Settings whose host syncs are counted: (label, contender key, dtype).
+#: The workloads of ``--check``, in the order it runs them: the GPU workloads, the overhead workload,
+#: then (after the host syncs and ``pytest -m gpu``, as time allows) the CPU-sized model workloads.
+CHECK_WORKLOADS = (*GPU_WORKLOADS, "overhead", *MODEL_WORKLOADS)
+
+#: Settings whose host syncs are counted: (label, contender key, dtype). The first two have the data on
+#: the device (the careful loop puts it there; AmpNet's array data path does, ``data_on_device='auto'``).
 SYNC_SETTINGS: tuple[tuple[str, str, str], ...] = (
-    ("PyTorch loop, autocast bf16", "raw-amp", "bfloat16"),
+    ("careful loop, autocast bf16, data on the device", "raw-careful", "bfloat16"),
+    ("AmpNet, amp_enabled=True, bf16 (defaults), array data on the device", "ampnet-mixed", "bfloat16"),
+    ("PyTorch loop, autocast bf16, CPU DataLoader", "raw-amp", "bfloat16"),
     ("PyTorch loop, autocast fp16 + GradScaler", "raw-amp", "float16"),
     ("AmpNet, amp_enabled=False", "ampnet-fp32", "bfloat16"),
-    ("AmpNet, amp_enabled=True, bf16 (defaults)", "ampnet-mixed", "bfloat16"),
     ("AmpNet, amp_enabled=True, fp16 (defaults: loss scaling)", "ampnet-mixed", "float16"),
     ("AmpNet, compensated pure bf16", "ampnet-pure-comp", "bfloat16"),
 )
@@ -102,10 +121,21 @@ class CheckPlan:
       The device of the training steps (``'cuda'``; ``'cpu'`` in a dry run).
 
     workloads : tuple of str
-      Workloads benchmarked, each in every dtype of :data:`CHECK_DTYPES`.
+      Workloads benchmarked (:data:`CHECK_WORKLOADS`, in that order whatever
+      the order given): the GPU workloads in bfloat16 with
+      :attr:`gpu_contenders`, the overhead workload in bfloat16 with
+      :func:`~ampnet_bench.contenders.overhead_contenders`, the model
+      workloads in every dtype of :data:`CHECK_DTYPES` with :attr:`contenders`.
 
     contenders : tuple of str
-      Contender keys of the benchmark steps.
+      Contender keys of the model workloads' steps.
+
+    gpu_contenders : tuple of str
+      Contender keys of the GPU workloads' steps (``ampnet-float8`` on the
+      encoder and decoder only).
+
+    gpu_step_s : float
+      The longest a GPU workload's step may take.
 
     rounds, epochs, warmup : int
       Run lengths of the benchmark steps.
@@ -142,8 +172,10 @@ class CheckPlan:
 
     dry_run: bool = False
     device: str = "cuda"
-    workloads: tuple[str, ...] = MODEL_WORKLOADS
+    workloads: tuple[str, ...] = CHECK_WORKLOADS
     contenders: tuple[str, ...] = HEADLINE_CONTENDERS
+    gpu_contenders: tuple[str, ...] = GPU_CONTENDERS
+    gpu_step_s: float = 120.0
     rounds: int = 2
     epochs: int = 1
     warmup: int = 1
@@ -162,6 +194,10 @@ class CheckPlan:
         base = dict(dry_run=True, device="cpu", rows_factor=1, min_step_s=3.0)
         base.update(changes)
         return cls(**base)
+
+    def ordered(self, group: tuple[str, ...]) -> tuple[str, ...]:
+        """The workloads of :attr:`workloads` that are in ``group``, in ``group``'s order."""
+        return tuple(w for w in group if w in self.workloads)
 
 
 # ---- step 1: pytest -m gpu ----------------------------------------------------------------------
@@ -330,29 +366,54 @@ def count_host_syncs(
 # ---- step 3: the workloads ----------------------------------------------------------------------
 
 
+def step_contenders(plan: CheckPlan, workload: str) -> tuple[str, ...]:
+    """The contenders a step of ``workload`` runs: the GPU contenders (float8 on the encoder and the
+    decoder only), the overhead workload's, or :attr:`CheckPlan.contenders`."""
+    if workload in GPU_WORKLOADS:
+        from ampnet_bench.contenders import FLOAT8_WORKLOADS
+
+        return tuple(k for k in plan.gpu_contenders if k != "ampnet-float8" or workload in FLOAT8_WORKLOADS)
+    if workload == "overhead":
+        return overhead_contenders(torch.device(plan.device).type)
+    return plan.contenders
+
+
 def _benchmark_command(plan: CheckPlan, workload: str, dtype: str, out: Path) -> list[str]:
+    # the overhead workload is the issue's: SGD with momentum, 400 steps an epoch as they are
+    optimizer = "sgd" if workload == "overhead" else plan.optimizer
     command = [
         sys.executable, "-m", "ampnet_bench", "--workload", workload, "--device", plan.device,
         "--dtype", dtype, "--rounds", str(plan.rounds), "--epochs", str(plan.epochs),
         "--warmup", str(plan.warmup), "--isolation", "inprocess", "--memory", "inprocess",
-        "--optimizer", plan.optimizer, "--threads", str(plan.threads),
-        "--contenders", ",".join(plan.contenders), "--auto-fit-epochs", str(plan.auto_fit_epochs),
+        "--optimizer", optimizer, "--threads", str(plan.threads),
+        "--contenders", ",".join(step_contenders(plan, workload)), "--auto-fit-epochs", str(plan.auto_fit_epochs),
         "--out", str(out),
     ]
     if plan.dry_run:
         command.append("--quick")
-    elif plan.rows_factor != 1:
+    elif plan.rows_factor != 1 and workload in MODEL_WORKLOADS:
         command += ["--n-samples", str(get_workload(workload).n_samples * plan.rows_factor)]
     return command
 
 
-def _run_benchmark_step(plan: CheckPlan, workload: str, dtype: str, out: Path, timeout: float) -> dict[str, Any]:
+#: Runs a benchmark step's command within a time limit: ``run_command(command, timeout)`` returns a
+#: ``subprocess.CompletedProcess`` (with text ``stdout`` and ``stderr``) or raises ``subprocess.TimeoutExpired``.
+RunCommand = Callable[[list[str], float], "subprocess.CompletedProcess[str]"]
+
+
+def _run_command(command: list[str], timeout: float) -> "subprocess.CompletedProcess[str]":
+    """A benchmark step's command in a fresh process (:data:`RunCommand`)."""
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=subprocess_env())
+
+
+def _run_benchmark_step(plan: CheckPlan, workload: str, dtype: str, out: Path, timeout: float,
+                        run_command: RunCommand = _run_command) -> dict[str, Any]:
     command = _benchmark_command(plan, workload, dtype, out)
     started = time.perf_counter()
     step: dict[str, Any] = {"workload": workload, "dtype": dtype, "status": "ok", "error": None,
                             "result": None, "command": _display(command)}
     try:
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=subprocess_env())
+        proc = run_command(command, timeout)
         if proc.returncode != 0 or not (out / "results.json").exists():
             tail = [line for line in (proc.stderr or proc.stdout).splitlines() if line.strip()]
             step.update(status="failed", error=tail[-1] if tail else f"exit status {proc.returncode}")
@@ -372,7 +433,8 @@ def _display(command: list[str]) -> str:
 # ---- the check ----------------------------------------------------------------------------------
 
 
-def run_check(plan: CheckPlan, report: str | Path, log: Logger = _stderr) -> dict[str, Any]:
+def run_check(plan: CheckPlan, report: str | Path, log: Logger = _stderr,
+              run_command: RunCommand = _run_command) -> dict[str, Any]:
     """Run the check's steps within ``plan.budget_s`` and write the Markdown report.
 
     Parameters
@@ -386,13 +448,18 @@ def run_check(plan: CheckPlan, report: str | Path, log: Logger = _stderr) -> dic
     log : callable
       Receives one progress line per step.
 
+    run_command : callable
+      Runs each benchmark step's command (:data:`RunCommand`; default: a
+      fresh process with the step's time limit).
+
     Returns
     -------
     dict
       ``plan``, ``machine``, ``pytest``, ``syncs``, ``benchmarks`` (one
-      entry per workload and dtype), ``steps`` (name, status, seconds),
-      ``elapsed_s``, ``report`` (the path) and ``ok`` (no test failed, no
-      step failed or timed out).
+      entry per workload and dtype), ``steps`` (name, status, seconds,
+      optional), ``elapsed_s``, ``report`` (the path) and ``ok`` (no test
+      failed, no step failed or timed out, no step skipped but the optional
+      ones for lack of time).
     """
     started = time.monotonic()
     deadline = started + plan.budget_s
@@ -404,217 +471,64 @@ def run_check(plan: CheckPlan, report: str | Path, log: Logger = _stderr) -> dic
     check: dict[str, Any] = {"plan": dataclasses.asdict(plan), "machine": describe_machine(), "pytest": None,
                              "syncs": [], "benchmarks": [], "steps": steps}
 
-    # 1. pytest -m gpu
-    if not plan.pytest_paths:
-        steps.append({"name": "pytest -m gpu", "status": "skipped: no tests folder next to ampnet_bench",
-                      "seconds": 0.0})
-    elif left() < plan.min_step_s:
-        steps.append({"name": "pytest -m gpu", "status": "skipped: budget spent", "seconds": 0.0})
-    else:
-        log("[check] pytest -m gpu ...")
-        result = run_pytest(plan.pytest_paths, timeout=max(1.0, min(left(), plan.pytest_share * plan.budget_s)))
-        check["pytest"] = result
-        status = "timed out" if result["timed_out"] else (
-            "ok" if not result["counts"]["failed"] and not result["counts"]["errors"] else "failed")
-        steps.append({"name": "pytest -m gpu", "status": status, "seconds": result["seconds"]})
-        log(f"[check] pytest -m gpu: {status} {result['counts']}")
+    def benchmark(workload: str, dtype: str, tmp: str, limit: float, optional: bool = False) -> None:
+        name = f"benchmark {workload} {dtype}"
+        if left() < plan.min_step_s:
+            steps.append({"name": name, "status": "skipped: budget spent", "seconds": 0.0, "optional": optional})
+            check["benchmarks"].append({"workload": workload, "dtype": dtype, "status": "skipped: budget spent",
+                                        "error": None, "result": None, "seconds": 0.0})
+            return
+        log(f"[check] {name} ...")
+        step = _run_benchmark_step(plan, workload, dtype, Path(tmp) / f"{workload}-{dtype}", min(left(), limit),
+                                   run_command)
+        check["benchmarks"].append(step)
+        steps.append({"name": name, "status": step["status"], "seconds": step["seconds"], "optional": optional})
+        log(f"[check] {name}: {step['status']} ({step['seconds']:.1f} s)")
 
-    # 2. host syncs per step
-    if left() < plan.min_step_s:
-        steps.append({"name": "host syncs", "status": "skipped: budget spent", "seconds": 0.0})
-    else:
-        log("[check] host syncs per step ...")
-        t0 = time.perf_counter()
-        check["syncs"] = count_host_syncs(plan.device, quick=plan.dry_run, threads=plan.threads)
-        failed = [r for r in check["syncs"] if r["error"]]
-        steps.append({"name": "host syncs", "status": "failed" if failed else "ok",
-                      "seconds": time.perf_counter() - t0})
-
-    # 3. the workloads, bf16 first
     with tempfile.TemporaryDirectory(prefix="ampnet-check-") as tmp:
+        # 1. the workloads sized for a GPU, then 2. the overhead workload (bf16: AmpNet's default)
+        for workload in plan.ordered(GPU_WORKLOADS):
+            benchmark(workload, "bfloat16", tmp, plan.gpu_step_s)
+        for workload in plan.ordered(("overhead",)):
+            benchmark(workload, "bfloat16", tmp, plan.gpu_step_s)
+
+        # 3. host syncs per step
+        if left() < plan.min_step_s:
+            steps.append({"name": "host syncs", "status": "skipped: budget spent", "seconds": 0.0})
+        else:
+            log("[check] host syncs per step ...")
+            t0 = time.perf_counter()
+            check["syncs"] = count_host_syncs(plan.device, quick=plan.dry_run, threads=plan.threads)
+            failed = [r for r in check["syncs"] if r["error"]]
+            steps.append({"name": "host syncs", "status": "failed" if failed else "ok",
+                          "seconds": time.perf_counter() - t0})
+
+        # 4. pytest -m gpu
+        if not plan.pytest_paths:
+            steps.append({"name": "pytest -m gpu", "status": "skipped: no tests folder next to ampnet_bench",
+                          "seconds": 0.0})
+        elif left() < plan.min_step_s:
+            steps.append({"name": "pytest -m gpu", "status": "skipped: budget spent", "seconds": 0.0})
+        else:
+            log("[check] pytest -m gpu ...")
+            result = run_pytest(plan.pytest_paths, timeout=max(1.0, min(left(), plan.pytest_share * plan.budget_s)))
+            check["pytest"] = result
+            status = "timed out" if result["timed_out"] else (
+                "ok" if not result["counts"]["failed"] and not result["counts"]["errors"] else "failed")
+            steps.append({"name": "pytest -m gpu", "status": status, "seconds": result["seconds"]})
+            log(f"[check] pytest -m gpu: {status} {result['counts']}")
+
+        # 5. the CPU-sized model workloads, bf16 first, as time allows
         for dtype in CHECK_DTYPES:
-            for workload in plan.workloads:
-                name = f"benchmark {workload} {dtype}"
-                if left() < plan.min_step_s:
-                    steps.append({"name": name, "status": "skipped: budget spent", "seconds": 0.0})
-                    check["benchmarks"].append({"workload": workload, "dtype": dtype, "status": "skipped: budget spent",
-                                                "error": None, "result": None, "seconds": 0.0})
-                    continue
-                log(f"[check] {name} ...")
-                step = _run_benchmark_step(plan, workload, dtype, Path(tmp) / f"{workload}-{dtype}", left())
-                check["benchmarks"].append(step)
-                steps.append({"name": name, "status": step["status"], "seconds": step["seconds"]})
-                log(f"[check] {name}: {step['status']} ({step['seconds']:.1f} s)")
+            for workload in plan.ordered(MODEL_WORKLOADS):
+                benchmark(workload, dtype, tmp, float("inf"), optional=True)
 
     check["elapsed_s"] = time.monotonic() - started
-    check["ok"] = all(s["status"] == "ok" or s["status"].startswith("skipped: no tests") for s in steps)
+    check["ok"] = all(s["status"] == "ok" or s["status"].startswith("skipped: no tests")
+                      or (s.get("optional") and s["status"] == "skipped: budget spent") for s in steps)
     path = Path(report)
-    path.parent.mkdir(parents=True, exist_ok=True)
     check["report"] = str(path)
-    path.write_text(render_report(check), encoding="utf-8")
+    write_text_atomic(path, render_report(check))
     return check
 
 
-# ---- the report ---------------------------------------------------------------------------------
-
-
-def _ms(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.2f}"
-
-
-def _num(value: float | None, fmt: str) -> str:
-    return "n/a" if value is None else format(value, fmt)
-
-
-def _pytest_md(result: dict[str, Any] | None, dry_run: bool) -> list[str]:
-    lines = ["## pytest -m gpu", ""]
-    if result is None:
-        return lines + ["Not run (see Steps)."]
-    counts = result["counts"]
-    lines += [f"`{result['command']}`: exit status {result['returncode']}"
-              + (" (timed out)" if result["timed_out"] else "") + f", {result['seconds']:.1f} s.", "",
-              "| passed | failed | errors | skipped | deselected |", "|---:|---:|---:|---:|---:|",
-              f"| {counts['passed']} | {counts['failed']} | {counts['errors']} | {counts['skipped']} "
-              f"| {counts['deselected']} |"]
-    if dry_run:
-        lines += ["", "Dry run on the CPU: the tests marked `gpu` skip without a CUDA device; the others are "
-                      "deselected by `-m gpu`."]
-    if result["failures"]:
-        lines += ["", "Failures:", ""] + [f"- `{line}`" for line in result["failures"]]
-    if result["skip_reasons"]:
-        lines += ["", "Skip reasons:", ""] + [f"- {reason}" for reason in result["skip_reasons"][:8]]
-    if result["timed_out"] or (result["returncode"] not in (0, 5) and not result["failures"]):
-        lines += ["", "Last lines of its output:", "", "```"] + result["tail"] + ["```"]
-    return lines
-
-
-def _syncs_md(rows: list[dict[str, Any]], device: str) -> list[str]:
-    lines = ["## Host syncs per training step", ""]
-    if not rows:
-        return lines + ["Not run (see Steps)."]
-    cpu = torch.device(device).type != "cuda"
-    lines += [
-        "Counted with `torch.cuda.set_sync_debug_mode(\"warn\")` on the MLP workload: the warnings over a "
-        "one-epoch fit of 4 and one of 12 batches, a fresh model each (after an uncounted warm-up fit); per "
-        "step is their difference over the 8 steps, per fit what is left of the shorter fit's count (model "
-        "placement, the epoch's bookkeeping, the evaluation's predictions). Every setting gets its batches "
-        "from the same CPU DataLoader: the hand-written loop's count is the floor."
-        + (" **n/a on CPU**: each setting trained one fit on the CPU, where nothing is counted." if cpu else ""),
-        "",
-        "| Setting | Syncs per step | Syncs per fit, outside the steps | Most frequent sources (file:line x count) |",
-        "|---|---:|---:|---|",
-    ]
-    for r in rows:
-        if r["error"]:
-            lines.append(f"| {r['label']} | failed | | {r['error']} |")
-            continue
-        if cpu:
-            lines.append(f"| {r['label']} | n/a on CPU | n/a on CPU | |")
-            continue
-        sources = ", ".join(f"`{where}` x{n}" for where, n in r["sources"])
-        lines.append(f"| {r['label']} | {r['per_step']:.2f} | {r['fixed']:.1f} | {sources} |")
-    return lines
-
-
-def _by_key(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {c["key"]: c for c in result["contenders"]}
-
-
-def _auto_md(benchmarks: list[dict[str, Any]], workloads: tuple[str, ...], fit_epochs: int) -> list[str]:
-    lines = ["## What amp_enabled='auto' chose", "",
-             f"Each as in a {fit_epochs}-epoch fit (`--auto-fit-epochs`), its cache off, so that it measures "
-             "in its fit's first steps.", "",
-             "| Workload | " + " | ".join(CHECK_DTYPES) + " |", "|---|" + "---|" * len(CHECK_DTYPES)]
-    cells = {(b["workload"], b["dtype"]): b for b in benchmarks}
-    for workload in workloads:
-        row = []
-        for dtype in CHECK_DTYPES:
-            b = cells.get((workload, dtype))
-            auto = _by_key(b["result"]).get("ampnet-auto") if b and b["result"] else None
-            choice = auto.get("auto_choice") if auto else None
-            if choice:
-                probe = [p for p in choice.get("cost_s", choice.get("probe_s")) or [] if p is not None]
-                others = sorted(set(choice["per_round"]) - {choice["chosen"]})
-                row.append(f"{choice['chosen']} ({choice['rounds']}/{len(choice['per_round'])} rounds"
-                           + (f", measuring cost {max(probe):.2f} s" if probe else "") + ")"
-                           + (f"; other rounds: {', '.join(others)}" if others else ""))
-            else:
-                row.append("n/a" if not b else (b["status"] if b["status"] != "ok" else "not run"))
-        lines.append(f"| {workload} | " + " | ".join(row) + " |")
-    return lines
-
-
-def _benchmark_md(b: dict[str, Any]) -> list[str]:
-    head = f"### {b['workload']}, {b['dtype']}"
-    if b["result"] is None:
-        return [head, "", f"{b['status']}" + (f": {b['error']}" if b["error"] else "") + "."]
-    w = b["result"]
-    fp32 = _by_key(w).get("raw-fp32")
-    lines = [head, "", f"{w['title']}; batch {w['batch_size']}, {w['n_samples']} rows per epoch; "
-                       f"{b['seconds']:.1f} s. `{b['command']}`", "",
-             "| Contender | ms/batch | Time/epoch | x float32 loop | Peak memory | Final loss | Loss / fp32 loop |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
-    for c in w["contenders"]:
-        if not c["available"]:
-            lines.append(f"| {c['key']} | not available: {c['error']} | | | | | |")
-            continue
-        ratio = c["median_s"] / fp32["median_s"] if fp32 and fp32.get("median_s") else None
-        memory = c["memory"]["peak_mb"] if c.get("memory") else None
-        lines.append(
-            f"| {c['key']} | {_ms(c['ms_per_batch'])} | {c['median_s'] * 1000:.1f} ms | {_num(ratio, '.3f')} | "
-            f"{_num(memory, ',.0f')} MB | {_num(c['final_loss'], '.4f')} | {_num(c.get('loss_vs_fp32'), '.4f')} |"
-        )
-    aa = w.get("aa_control")
-    if aa:
-        lines += ["", f"A/A spread ({aa['a']} against {aa['b']}): {100 * aa['spread']:.1f}%."]
-    keys = ("ampnet_mixed_vs_fastest_peer", "ampnet_mixed_vs_best_loop", "ampnet_auto_vs_fastest_loop")
-    comps = [c for c in w["comparisons"] if c["key"] in keys and c["median"] is not None]
-    if comps:
-        lines += ["", "| Comparison (per-round ratios) | Median | Verdict |", "|---|---:|---|"]
-        lines += [f"| {c['label']} | {c['median']:.3f} | {c.get('verdict') or 'no A/A control'} |" for c in comps]
-    return lines
-
-
-def render_report(check: dict[str, Any]) -> str:
-    """The check's Markdown report.
-
-    Parameters
-    ----------
-    check : dict
-      What :func:`run_check` collected (``plan``, ``machine``, ``pytest``,
-      ``syncs``, ``benchmarks``, ``steps``, ``elapsed_s``, ``ok``).
-
-    Returns
-    -------
-    str
-      Sections: Machine (CPU flags, GPU), Steps, pytest -m gpu, Host syncs
-      per training step, What amp_enabled='auto' chose, Benchmark.
-    """
-    plan = check["plan"]
-    machine = check["machine"]
-    from ampnet_bench.report import _machine_md
-
-    title = "# ampnet GPU check" + (" (dry run on the CPU)" if plan["dry_run"] else "")
-    verdict = "all steps ran and passed" if check["ok"] else "**some steps failed, timed out or were skipped**"
-    lines = [
-        title, "",
-        f"Device `{plan['device']}`; {check['elapsed_s']:.0f} s of a {plan['budget_s']:.0f} s budget; {verdict}. "
-        f"Written by `python -m ampnet.benchmark --check{' --dry-run' if plan['dry_run'] else ''}`.", "",
-    ]
-    if plan["dry_run"]:
-        lines += ["Dry run: the same steps on the CPU at the workloads' quick sizes; its timings say nothing "
-                  "about a GPU.", ""]
-    lines += ["## Machine", ""] + _machine_md(machine) + [""]
-    lines += ["## Steps", "", "| Step | Status | Seconds |", "|---|---|---:|"]
-    lines += [f"| {s['name']} | {s['status']} | {s['seconds']:.1f} |" for s in check["steps"]]
-    lines += [""] + _pytest_md(check["pytest"], plan["dry_run"]) + [""]
-    lines += _syncs_md(check["syncs"], plan["device"]) + [""]
-    lines += _auto_md(check["benchmarks"], tuple(plan["workloads"]),
-                      plan.get("auto_fit_epochs", CheckPlan.auto_fit_epochs)) + [""]
-    lines += ["## Benchmark", "",
-              f"{plan['rounds']} rounds of {plan['epochs']} measured epoch(s) after {plan['warmup']} warm-up "
-              f"epoch(s), all runs of a workload and dtype in one process (a check, not the fresh-process "
-              f"measurement), optimizer {plan['optimizer']}; times are medians over rounds.", ""]
-    for b in check["benchmarks"]:
-        lines += _benchmark_md(b) + [""]
-    return "\n".join(lines).rstrip() + "\n"

@@ -13,7 +13,7 @@ from ampnet_bench.contenders import CONTENDER_KEYS
 from ampnet_bench.machine import load_warning, usable_cores
 from ampnet_bench.report import to_markdown, write_all
 from ampnet_bench.runner import run_benchmark
-from ampnet_bench.workloads import MODEL_DIMS, MODEL_WORKLOADS, WORKLOAD_NAMES
+from ampnet_bench.workloads import GPU_WORKLOADS, MODEL_DIMS, MODEL_WORKLOADS, WORKLOAD_NAMES
 
 __all__ = ["build_parser", "check_plan_from_args", "config_from_args", "main"]
 
@@ -92,9 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--workload", nargs="+", default=["all"], choices=[*WORKLOAD_NAMES, "all"],
+    p.add_argument("--workload", nargs="+", default=["all"], choices=[*WORKLOAD_NAMES, *GPU_WORKLOADS, "all"],
                    metavar="NAME",
-                   help=f"workload(s) to run: {', '.join(WORKLOAD_NAMES)} or all (default: all)")
+                   help=f"workload(s) to run: {', '.join(WORKLOAD_NAMES)} or all (default: all); sized for a "
+                        f"GPU, not in all: {', '.join(GPU_WORKLOADS)}")
     p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default: cpu)")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"],
                    help="AMP dtype (default: bfloat16)")

@@ -25,6 +25,7 @@ import contextlib
 import time
 import warnings
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Callable, ContextManager, Iterator
 
 import numpy as np
@@ -40,7 +41,11 @@ from ampnet_bench.workloads import Data, Workload
 
 __all__ = [
     "Contender",
+    "ContenderUnavailable",
     "CONTENDERS",
+    "GPU_CONTENDERS",
+    "OVERHEAD_CONTENDERS",
+    "overhead_contenders",
     "CONTENDER_KEYS",
     "HEADLINE_CONTENDERS",
     "RunOutcome",
@@ -64,7 +69,9 @@ class Contender:
       Description for the report.
 
     framework : str
-      ``'raw'`` (hand-written loop), ``'skorch'``, ``'ampnet'``,
+      ``'raw'`` (hand-written loop), ``'careful'`` (the careful loop,
+      :mod:`ampnet_bench.careful_loop`), ``'item'`` (a loop that reads the
+      loss each step), ``'skorch'``, ``'ampnet'``,
       ``'accelerate'`` (skorch with ``skorch.hf.AccelerateMixin``) or
       ``'lightning'`` (a Lightning ``Trainer``).
 
@@ -97,6 +104,17 @@ class Contender:
     monitor : bool
       AmpNet with an :class:`ampnet.callbacks.AmpMonitor` callback (the
       flight recorder: skip causes, ``grad_norm``, ``lost_updates``).
+
+    float32 : str or None
+      The careful loop's float32 arithmetic on CUDA: ``'ieee'`` (TF32 off for
+      matmuls and cuDNN), ``'tf32'`` (on), None (torch's settings as they are).
+
+    amp_dtype : str or None
+      AmpNet's ``amp_dtype`` where it is not the benchmark's ``--dtype``
+      (``'float8'``).
+
+    compile : bool
+      AmpNet with ``compile=True``.
     """
 
     key: str
@@ -110,6 +128,15 @@ class Contender:
     control_of: str | None = None
     auto: bool = False
     monitor: bool = False
+    float32: str | None = None
+    amp_dtype: str | None = None
+    compile: bool = False
+
+
+class ContenderUnavailable(RuntimeError):
+    """A contender that cannot run here (a CUDA-only setting on a CPU, a
+    missing package, a setting this ampnet does not have); its message
+    says why and is reported in place of the contender's figures."""
 
 
 #: All contenders, in the order they run within a round.
@@ -148,6 +175,20 @@ CONTENDERS: tuple[Contender, ...] = (
               "skorch + accelerate (AccelerateMixin, Accelerator(mixed_precision='bf16'|'fp16'))",
               "accelerate", True),
     Contender("lightning", "Lightning Trainer(precision='bf16-mixed'|'16-mixed')", "lightning", True),
+    Contender("raw-careful", "careful hand loop: data on the device, one index_select a batch, fused optimizer, "
+              "autocast, loss read once an epoch", "careful", True),
+    Contender("raw-careful-aa", "careful hand loop, again (A/A control)", "careful", True,
+              control_of="raw-careful"),
+    Contender("raw-careful-fp32", "careful hand loop, float32 (IEEE: TF32 off)", "careful", False,
+              float32="ieee"),
+    Contender("raw-careful-tf32", "careful hand loop, float32 with TF32 matmuls and convolutions (CUDA)",
+              "careful", False, float32="tf32"),
+    Contender("raw-item-fp32", "hand loop: DataLoader over a TensorDataset, loss.item() each step, float32",
+              "item", False),
+    Contender("raw-item-amp", "hand loop: DataLoader over a TensorDataset, loss.item() each step, autocast",
+              "item", True),
+    Contender("ampnet-float8", "AmpNet, amp_dtype='float8', compile=True (CUDA: compute capability >= 8.9 "
+              "and torchao)", "ampnet", True, amp_dtype="float8", compile=True),
 )
 
 #: Keys of :data:`CONTENDERS`.
@@ -161,6 +202,37 @@ HEADLINE_CONTENDERS: tuple[str, ...] = (
     "raw-fp32", "raw-amp", "raw-amp-aa", "raw-amp-fused", "skorch-accelerate", "lightning",
     "ampnet-mixed", "ampnet-auto", "ampnet-pure-comp",
 )
+
+
+#: The overhead workload's contenders (``raw-careful-tf32`` on CUDA only: see :func:`overhead_contenders`).
+OVERHEAD_CONTENDERS: tuple[str, ...] = (
+    "raw-careful", "raw-careful-aa", "raw-careful-fp32", "raw-careful-tf32", "raw-item-fp32", "raw-item-amp",
+    "skorch-fp32", "ampnet-fp32", "ampnet-mixed", "ampnet-auto",
+)
+
+#: The contenders of the GPU workloads (:data:`ampnet_bench.workloads.GPU_WORKLOADS`): float32 with IEEE
+#: arithmetic and with TF32, the careful loop under autocast (twice: the A/A control), AmpNet's default
+#: and ``'auto'``, and ``amp_dtype='float8'`` (the encoder and decoder only).
+GPU_CONTENDERS: tuple[str, ...] = (
+    "raw-careful-fp32", "raw-careful-tf32", "raw-careful", "raw-careful-aa", "ampnet-mixed", "ampnet-auto",
+    "ampnet-float8",
+)
+
+
+def overhead_contenders(device_type: str) -> tuple[str, ...]:
+    """:data:`OVERHEAD_CONTENDERS` for a device type: TF32 is a CUDA setting,
+    so ``raw-careful-tf32`` runs on CUDA only.
+
+    Parameters
+    ----------
+    device_type : str
+      ``'cpu'``, ``'cuda'``, ...
+
+    Returns
+    -------
+    tuple of str
+    """
+    return tuple(k for k in OVERHEAD_CONTENDERS if device_type == "cuda" or k != "raw-careful-tf32")
 
 
 @dataclass
@@ -329,10 +401,12 @@ def _param_dtypes(module: nn.Module) -> list[str]:
 
 
 def _loss_and_accuracy(proba: np.ndarray, y: torch.Tensor) -> tuple[float, float]:
+    """Cross-entropy and accuracy of class probabilities on their last axis
+    (``(n, classes)``, or ``(n, seq, vocab)`` for next-token targets ``(n, seq)``)."""
     labels = y.numpy()
-    picked = proba[np.arange(len(labels)), labels]
+    picked = np.take_along_axis(proba, labels[..., None], axis=-1)[..., 0]
     loss = float(-np.log(np.clip(picked, 1e-12, None)).mean())
-    return loss, float((proba.argmax(axis=1) == labels).mean())
+    return loss, float((proba.argmax(axis=-1) == labels).mean())
 
 
 def _autocast(cfg: BenchConfig, amp: bool) -> ContextManager[Any]:
@@ -377,7 +451,7 @@ def _raw_train(
     if contender.fused:
         opt_kwargs["fused"] = True
     optimizer = opt_cls(model.parameters(), **opt_kwargs)
-    criterion = nn.CrossEntropyLoss()
+    criterion = wl.criterion()
     scaler = torch.amp.GradScaler(
         cfg.device_type, enabled=contender.amp and cfg.torch_dtype == torch.float16
     )
@@ -417,7 +491,7 @@ def _make_net(
         opt_kwargs["fused"] = True
     params: dict[str, Any] = dict(
         module=module,
-        criterion=nn.CrossEntropyLoss,
+        criterion=wl.criterion,
         optimizer=opt_cls,
         lr=opt_kwargs.pop("lr"),
         batch_size=wl.batch_size,
@@ -441,6 +515,10 @@ def _make_net(
                amp_master_weights=contender.master_weights) if contender.amp else {}
     if contender.auto:  # measures in every run: its cache off
         amp = dict(amp_dtype=cfg.dtype, amp_autotune__cache=False)
+    if contender.amp_dtype is not None:
+        amp["amp_dtype"] = contender.amp_dtype
+    if contender.compile:
+        amp["compile"] = True
     if contender.monitor:
         from ampnet.callbacks import AmpMonitor
 
@@ -485,11 +563,130 @@ def _net_train(
     # 'auto' runs as in a fit of cfg.auto_fit_epochs epochs, stopped after the epochs that are timed
     fit_epochs = max(epochs, cfg.auto_fit_epochs) if contender.auto else epochs
     clock = EpochClock(cfg.device, stop_after=epochs if fit_epochs > epochs else None)
-    net = _make_net(
-        contender, wl.build_module(cfg.seed), wl, cfg, max_epochs=fit_epochs, callbacks=[clock]
-    )
+    if contender.amp_dtype == "float8":
+        _check_float8(cfg, wl)
+        try:  # another version of ampnet may not have float8 or compile: reported, not a failure
+            net = _make_net(
+                contender, wl.build_module(cfg.seed), wl, cfg, max_epochs=fit_epochs, callbacks=[clock]
+            ).initialize()
+        except (TypeError, ValueError) as exc:
+            raise ContenderUnavailable(f"not available in this version: {exc}") from exc
+    else:
+        net = _make_net(
+            contender, wl.build_module(cfg.seed), wl, cfg, max_epochs=fit_epochs, callbacks=[clock]
+        )
     net.fit(data.X, data.y)
     return list(clock.epoch_times_), float(net.history[-1, "train_loss"]), net
+
+
+#: The workloads the float8 contender runs on (matmul-bound transformers).
+FLOAT8_WORKLOADS = ("encoder", "decoder")
+
+
+def float8_unavailable(device: str, workload: str, capability: tuple[int, int] | None = None,
+                       torchao: bool | None = None) -> str | None:
+    """Why the ``ampnet-float8`` contender cannot run here (None: it can).
+
+    It runs on the encoder and the decoder, on a CUDA device of compute
+    capability 8.9 or more, with torchao importable.
+
+    Parameters
+    ----------
+    device : str
+      The benchmark's device.
+
+    workload : str
+      The workload's name.
+
+    capability, torchao
+      The GPU's compute capability and whether torchao imports; None reads
+      them from this machine.
+
+    Returns
+    -------
+    str or None
+      ``'skipped: ...'`` with the reason.
+    """
+    if workload not in FLOAT8_WORKLOADS:
+        return f"skipped: the float8 contender runs on the {' and the '.join(FLOAT8_WORKLOADS)} only"
+    if torch.device(device).type != "cuda":
+        return "skipped: float8 needs a CUDA device of compute capability >= 8.9 (this run: the CPU)"
+    if capability is None:
+        capability = torch.cuda.get_device_capability(device)
+    if tuple(capability) < (8, 9):
+        return (f"skipped: float8 needs compute capability >= 8.9 (this GPU: "
+                f"{'.'.join(map(str, capability))})")
+    if torchao is None:
+        import importlib.util
+
+        torchao = importlib.util.find_spec("torchao") is not None
+    if not torchao:
+        return "skipped: float8 needs torchao, which is not installed (pip install torchao)"
+    return None
+
+
+def _check_float8(cfg: BenchConfig, wl: Workload) -> None:
+    reason = float8_unavailable(cfg.device, wl.name)
+    if reason is not None:
+        raise ContenderUnavailable(reason)
+
+
+# ---- the careful loop and the loop that reads the loss each step -----------------
+
+
+def _careful_train(
+    contender: Contender, wl: Workload, data: Data, cfg: BenchConfig, epochs: int
+) -> tuple[list[float], float, nn.Module, torch.optim.Optimizer]:
+    """:func:`ampnet_bench.careful_loop.careful_train` on the workload."""
+    from ampnet_bench.careful_loop import careful_train
+
+    if contender.float32 == "tf32" and cfg.device_type != "cuda":
+        raise ContenderUnavailable("skipped: TF32 is a CUDA setting (this run: the CPU)")
+    opt_cls, opt_kwargs = cfg.optimizer_spec()
+    run = careful_train(
+        wl.build_module(cfg.seed), data.X, data.y, batch_size=wl.batch_size, epochs=epochs,
+        optimizer_cls=opt_cls, optimizer_kwargs=opt_kwargs, device=cfg.device,
+        amp_dtype=cfg.torch_dtype if contender.amp else None, float32=contender.float32,
+        criterion=wl.criterion(), seed=cfg.seed + 1,
+    )
+    return run.epoch_times, run.epoch_losses[-1], run.model, run.optimizer
+
+
+def _item_train(
+    contender: Contender, wl: Workload, data: Data, cfg: BenchConfig, epochs: int
+) -> tuple[list[float], float, nn.Module, torch.optim.Optimizer]:
+    """The loop most tutorials show: a ``DataLoader`` over a ``TensorDataset``,
+    each batch copied to the device, the optimizer as it comes (not fused),
+    ``loss.item()`` read each step."""
+    model = wl.build_module(cfg.seed).to(cfg.device)
+    opt_cls, opt_kwargs = cfg.optimizer_spec()
+    optimizer = opt_cls(model.parameters(), **opt_kwargs)
+    criterion = wl.criterion()
+    scaler = torch.amp.GradScaler(
+        cfg.device_type, enabled=contender.amp and cfg.torch_dtype == torch.float16
+    )
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(data.X, data.y), batch_size=wl.batch_size,
+                                         shuffle=True, generator=_shuffle_generator(cfg))
+    times, final_loss = [], float("nan")
+    for _ in range(epochs):
+        _sync(cfg.device)
+        start = time.perf_counter()
+        model.train()
+        total, count = 0.0, 0
+        for Xb, yb in loader:
+            Xb, yb = Xb.to(cfg.device), yb.to(cfg.device)
+            optimizer.zero_grad()
+            with _autocast(cfg, contender.amp):
+                loss = criterion(model(Xb), yb)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            total += loss.item() * len(yb)
+            count += len(yb)
+        _sync(cfg.device)
+        times.append(time.perf_counter() - start)
+        final_loss = total / count
+    return times, final_loss, model, optimizer
 
 
 # ---- Lightning --------------------------------------------------------------
@@ -505,7 +702,7 @@ def _lightning_train(
     import lightning as L
 
     opt_cls, opt_kwargs = cfg.optimizer_spec()
-    criterion = nn.CrossEntropyLoss()
+    criterion = wl.criterion()
 
     class Lit(L.LightningModule):
         def __init__(self, module: nn.Module) -> None:
@@ -553,6 +750,11 @@ def _lightning_train(
                             _shuffle_generator(cfg))
     trainer.fit(lit, train_dataloaders=loader)
     return clock.times, clock.final_loss, lit.module, list(trainer.optimizers)
+
+
+#: The contenders that train with a hand-written loop or Lightning, by framework.
+_LOOPS: "MappingProxyType[str, Callable[..., Any]]" = MappingProxyType(
+    {"raw": _raw_train, "careful": _careful_train, "item": _item_train, "lightning": _lightning_train})
 
 
 # ---- entry points ---------------------------------------------------------------
@@ -621,8 +823,8 @@ def run_contender(
             loss, accuracy = _loss_and_accuracy(proba, data.y)
         else:
             with meter:
-                if contender.framework in ("raw", "lightning"):
-                    train = _raw_train if contender.framework == "raw" else _lightning_train
+                if contender.framework in _LOOPS:
+                    train = _LOOPS[contender.framework]
                     times, loss, module, optimizers = train(contender, wl, data, cfg, n_epochs)
                     module = module.to(cfg.device)
                     state = _state_bytes(module, optimizers if isinstance(optimizers, list)
@@ -632,7 +834,7 @@ def run_contender(
                     module = net.module_
                     state = (net.memory_report().to_dict() if contender.framework == "ampnet"
                              else _state_bytes(module, [net.optimizer_]))
-            if contender.framework in ("raw", "lightning"):
+            if contender.framework in _LOOPS:
                 proba = _raw_predict_proba(module, data.X_eval, wl.batch_size, cfg, contender.amp)
             else:
                 proba = net.predict_proba(data.X_eval)
@@ -674,7 +876,7 @@ def _predictor(
     module = wl.build_module(cfg.seed)
     if weights is not None:
         module.load_state_dict(weights)
-    if contender.framework == "raw":
+    if contender.framework in ("raw", "careful", "item"):
         module = module.to(cfg.device)
         return (
             lambda X: _raw_predict_proba(module, X, wl.batch_size, cfg, contender.amp),

@@ -245,8 +245,8 @@ def build_chart(results: dict[str, Any]):
     fig = Figure(figsize=(8, 0.8 + 2.4 * len(workloads)))
     FigureCanvasAgg(fig)
     axes = fig.subplots(len(workloads), 1, squeeze=False)
-    colors = {"raw": "#7f7f7f", "skorch": "#1f77b4", "ampnet": "#d62728", "accelerate": "#2ca02c",
-              "lightning": "#9467bd"}
+    colors = {"raw": "#7f7f7f", "careful": "#4d4d4d", "item": "#bcbcbc", "skorch": "#1f77b4",
+              "ampnet": "#d62728", "accelerate": "#2ca02c", "lightning": "#9467bd"}
     for ax, w in zip(axes[:, 0], workloads):
         contenders = w["contenders"][::-1]
         labels = [c["key"] for c in contenders]

@@ -36,6 +36,7 @@ from ampnet_bench.config import BenchConfig
 from ampnet_bench.contenders import (
     CONTENDERS,
     Contender,
+    ContenderUnavailable,
     RunOutcome,
     run_contender,
     train_reference_weights,
@@ -53,7 +54,7 @@ SCHEMA_VERSION = 2
 
 #: The A/A controls, each the same contender under two keys; the first pair
 #: that ran gives the A/A spread.
-AA_PAIRS = (("raw-amp", "raw-amp-aa"), ("ampnet-fp32", "ampnet-fp32-aa"))
+AA_PAIRS = (("raw-amp", "raw-amp-aa"), ("ampnet-fp32", "ampnet-fp32-aa"), ("raw-careful", "raw-careful-aa"))
 
 #: The peers in their default configuration (time of the fastest per round).
 PEERS = ("raw-amp", "skorch-accelerate", "lightning")
@@ -154,6 +155,33 @@ COMPARISONS: tuple[Comparison, ...] = (
     Comparison("ampnet_auto_vs_fastest_loop",
                "AmpNet auto (probe included): speed-up over the fastest of the float32 loop and the fused "
                "autocast loop", "ampnet-auto", FASTEST_LOOPS, "speedup"),
+    # issue 37: the careful loop (data on the device, fused optimizer, loss read once an epoch)
+    Comparison("ampnet_mixed_vs_careful", "AmpNet default (amp_enabled=True) time / careful loop (autocast) time",
+               "ampnet-mixed", "raw-careful", "time_ratio"),
+    Comparison("ampnet_fp32_vs_careful", "AmpNet amp_enabled=False time / careful loop (autocast) time",
+               "ampnet-fp32", "raw-careful", "time_ratio"),
+    Comparison("ampnet_auto_vs_careful", "AmpNet amp_enabled='auto' time / careful loop (autocast) time",
+               "ampnet-auto", "raw-careful", "time_ratio"),
+    Comparison("skorch_vs_careful", "skorch (float32) time / careful loop (autocast) time",
+               "skorch-fp32", "raw-careful", "time_ratio"),
+    Comparison("item_amp_vs_careful", "DataLoader loop reading loss.item(), autocast, time / careful loop time",
+               "raw-item-amp", "raw-careful", "time_ratio"),
+    Comparison("item_fp32_vs_careful", "DataLoader loop reading loss.item(), float32, time / careful loop time",
+               "raw-item-fp32", "raw-careful", "time_ratio"),
+    Comparison("careful_fp32_vs_careful", "careful loop float32 (IEEE) time / careful loop (autocast) time",
+               "raw-careful-fp32", "raw-careful", "time_ratio"),
+    Comparison("ampnet_mixed_vs_skorch", "AmpNet default: speed-up over skorch (float32)",
+               "ampnet-mixed", "skorch-fp32", "speedup"),
+    Comparison("careful_amp_vs_ieee", "careful loop: autocast speed-up over float32 IEEE (TF32 off)",
+               "raw-careful", "raw-careful-fp32", "speedup"),
+    Comparison("careful_amp_vs_tf32", "careful loop: autocast speed-up over float32 with TF32",
+               "raw-careful", "raw-careful-tf32", "speedup"),
+    Comparison("careful_tf32_vs_ieee", "careful loop: TF32 speed-up over float32 IEEE",
+               "raw-careful-tf32", "raw-careful-fp32", "speedup"),
+    Comparison("ampnet_mixed_vs_careful_ieee", "AmpNet default: speed-up over the careful loop in float32 IEEE "
+               "(TF32 off)", "ampnet-mixed", "raw-careful-fp32", "speedup"),
+    Comparison("ampnet_float8_vs_mixed", "AmpNet float8 (compile=True) time / AmpNet default time",
+               "ampnet-float8", "ampnet-mixed", "time_ratio"),
 )
 
 
@@ -432,7 +460,8 @@ def run_workload(
                         outcome = run_contender(c, wl, data, cfg, weights=weights, meter=meter)
                         reading = meter.reading if meter is not None else None
                 except Exception as exc:  # a contender that cannot run is reported, not fatal
-                    rec.error = str(exc) if isolated else f"{type(exc).__name__}: {exc}"
+                    plain = isolated or isinstance(exc, ContenderUnavailable)
+                    rec.error = str(exc) if plain else f"{type(exc).__name__}: {exc}"
                     rec.round_times.append(None)
                     log(f"[{wl.name}] round {r + 1}/{cfg.rounds} {c.key}: not available ({rec.error})")
                     continue
@@ -456,7 +485,7 @@ def run_workload(
             except Exception as exc:
                 log(f"[{wl.name}] memory {c.key}: probe failed ({exc})")
 
-    ref_key = "raw-fp32" if "raw-fp32" in records else contenders[0].key
+    ref_key = next((k for k in ("raw-fp32", "raw-careful") if k in records), contenders[0].key)
     ref = records[ref_key]
     summaries = [
         _contender_summary(records[c.key], wl, ref, cfg.rounds, records) for c in contenders

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from ampnet_bench.config import BenchConfig
-from ampnet_bench.contenders import CONTENDERS, RunOutcome, run_contender
+from ampnet_bench.contenders import CONTENDERS, ContenderUnavailable, RunOutcome, run_contender
 from ampnet_bench.memory import MemoryMeter, MemoryReading, subprocess_env
 from ampnet_bench.workloads import get_workload
 
@@ -66,6 +66,8 @@ def run_in_subprocess(
 
     Raises
     ------
+    ContenderUnavailable
+      The contender cannot run here; the message says why.
     RuntimeError
       The run failed; the message holds the last line of the child's error.
     """
@@ -76,7 +78,11 @@ def run_in_subprocess(
     lines = [line for line in proc.stdout.splitlines() if line.startswith('{"outcome"')]
     if proc.returncode != 0 or not lines:
         tail = [line for line in (proc.stderr or proc.stdout).strip().splitlines() if line]
-        raise RuntimeError(tail[-1] if tail else f"worker exited with {proc.returncode}")
+        last = tail[-1] if tail else f"worker exited with {proc.returncode}"
+        name, sep, reason = last.partition(": ")
+        if sep and name.rsplit(".", 1)[-1] == ContenderUnavailable.__name__:
+            raise ContenderUnavailable(reason)
+        raise RuntimeError(last)
     result = json.loads(lines[-1])
     return RunOutcome(**result["outcome"]), MemoryReading(**result["memory"])
 

@@ -33,6 +33,8 @@ __all__ = [
     "get_workload",
     "MODEL_WORKLOADS",
     "MODEL_DIMS",
+    "GPU_WORKLOADS",
+    "OVERHEAD_STEPS",
 ]
 
 #: Names accepted by ``--workload`` (besides ``all``), in run order.
@@ -41,6 +43,14 @@ WORKLOAD_NAMES = ("mlp", "cnn", "transformer", "resnet", "rnn", "overhead", "pre
 #: The training workloads that stand for a kind of model (the others measure overhead and
 #: prediction): the docs show one section each, and ``--check`` runs them all.
 MODEL_WORKLOADS = ("mlp", "cnn", "transformer", "resnet", "rnn")
+
+#: Workloads sized for a GPU (synthetic data): a ResNet-50 at 224 px, a BERT-base-sized encoder and a
+#: GPT-2-small-sized decoder. Not in ``--workload all`` (a CPU would take minutes a step); ``--check`` runs
+#: them first. ``--quick`` gives each a miniature of the same structure.
+GPU_WORKLOADS = ("resnet50", "encoder", "decoder")
+
+#: Training steps per epoch of the ``overhead`` workload (full size; ``--quick``: 20).
+OVERHEAD_STEPS = 400
 
 
 # ---- models ---------------------------------------------------------------
@@ -409,6 +419,14 @@ def _token_data(
     return _split(X, y, n)
 
 
+def _lm_data(seed: int, n: int, n_eval: int, vocab: int, seq_len: int) -> Data:
+    """The decoder's data (see :func:`ampnet_bench.gpu_models.next_token_data`)."""
+    from ampnet_bench.gpu_models import next_token_data
+
+    X, y = next_token_data(seed, n, n_eval, vocab, seq_len)
+    return _split(X, y, n)
+
+
 # ---- workloads ------------------------------------------------------------
 
 
@@ -482,6 +500,10 @@ class Workload:
 
     targets : tuple of Target
       The speed targets that apply to this workload (not checked in quick mode).
+
+    criterion : callable
+      Builds the loss module (``nn.CrossEntropyLoss``; the decoder's:
+      :class:`ampnet_bench.gpu_models.TokenCrossEntropy`).
     """
 
     name: str
@@ -494,6 +516,7 @@ class Workload:
     data_factory: Callable[[int, int, int], Data]
     channels_last: bool = False
     targets: tuple[Target, ...] = field(default=())
+    criterion: Callable[[], nn.Module] = nn.CrossEntropyLoss
 
     @property
     def n_batches(self) -> int:
@@ -557,7 +580,31 @@ MODEL_DIMS: "Mapping[str, tuple[Mapping[str, Any], Mapping[str, Any]]]" = Mappin
         MappingProxyType(dict(vocab=1000, seq_len=64, d_embed=128, hidden=256, n_layers=2, cell="lstm")),
         MappingProxyType(dict(vocab=200, seq_len=12, d_embed=16, hidden=32, n_layers=1, cell="lstm")),
     ),
+    "resnet50": (
+        MappingProxyType(dict(size=224, widths=(64, 128, 256, 512), blocks=(3, 4, 6, 3))),
+        MappingProxyType(dict(size=32, widths=(4, 8, 16, 32), blocks=(1, 1, 1, 1))),
+    ),
+    "encoder": (
+        MappingProxyType(dict(vocab=30522, seq_len=128, d_model=768, n_heads=12, d_ff=3072, n_layers=12)),
+        MappingProxyType(dict(vocab=200, seq_len=16, d_model=32, n_heads=2, d_ff=64, n_layers=1)),
+    ),
+    "decoder": (
+        MappingProxyType(dict(vocab=50304, seq_len=256, d_model=768, n_heads=12, d_ff=3072, n_layers=12)),
+        MappingProxyType(dict(vocab=256, seq_len=16, d_model=32, n_heads=2, d_ff=64, n_layers=1)),
+    ),
 })
+
+#: Issue 37's targets on the GPU workloads: AmpNet with default settings at most 1.03x the careful loop's
+#: time (the best hand-written loop), and on the ResNet-50 and the encoder AMP at least 1.5x faster than
+#: float32 with IEEE matmuls and convolutions (TF32 off).
+_GPU_TARGETS = (Target("ampnet_mixed_vs_careful", "<=", 1.03),)
+_AMP_PAYS = Target("ampnet_mixed_vs_careful_ieee", ">=", 1.5)
+#: Issue 37's targets on the overhead workload: AmpNet's default at most 1.10x the careful loop's time
+#: and faster than skorch (float32); AmpNet with AMP off faster than skorch.
+_OVERHEAD_TARGETS = (
+    Target("ampnet_mixed_vs_careful", "<=", 1.10), Target("ampnet_mixed_vs_skorch", ">", 1.0),
+    Target("ampnet_fp32_vs_skorch", "<", 1.0),
+)
 
 
 def _dims(name: str, quick: bool, overrides: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -603,7 +650,7 @@ def get_workload(
     Parameters
     ----------
     name : str
-      One of :data:`WORKLOAD_NAMES`.
+      One of :data:`WORKLOAD_NAMES` or :data:`GPU_WORKLOADS`.
 
     quick : bool
       Tiny sizes (CI and smoke tests); no speed target is checked.
@@ -720,17 +767,69 @@ def get_workload(
         )
     elif name == "overhead":
         _no_dims(name, dims)
-        sizes = (20, 64, 2)
+        sizes = (20, 32, 2)
+        steps = 20 if quick else OVERHEAD_STEPS
         wl = Workload(
             name="overhead",
-            title="Per-batch framework overhead: MLP 20-64-2",
+            title=f"Trainer overhead: MLP 20-32-2, {steps} steps an epoch (the compute is negligible)",
             task="train",
-            batch_size=128,
-            n_samples=128 * (20 if quick else 200),
+            batch_size=32,
+            n_samples=32 * steps,
             n_eval=512,
             module_factory=functools.partial(MLP, sizes),
             data_factory=functools.partial(_cluster_data, n_features=20, n_classes=2),
-            targets=(Target("ampnet_fp32_vs_skorch", "<=", 1.05),),
+            targets=_OVERHEAD_TARGETS,
+        )
+    elif name == "resnet50":
+        from ampnet_bench.gpu_models import ResNet50
+
+        d = _dims(name, quick, dims)
+        size = d.pop("size")
+        wl = Workload(
+            name="resnet50",
+            title=(f"ResNet-50 written out (bottleneck blocks {'-'.join(map(str, d['blocks']))}, BatchNorm), "
+                   f"3x{size}x{size} images, widths {'-'.join(map(str, d['widths']))}"
+                   + (", channels_last" if channels_last else "")),
+            task="train",
+            batch_size=16 if quick else 64,
+            n_samples=32 if quick else 64 * 16,
+            n_eval=16 if quick else 64,
+            # 1000 outputs (ImageNet's head); the synthetic images have 10 classes
+            module_factory=functools.partial(ResNet50, 1000 if not quick else 10, **d),
+            data_factory=functools.partial(_image_data, size=size, n_classes=10),
+            channels_last=channels_last,
+            targets=(*_GPU_TARGETS, _AMP_PAYS),
+        )
+    elif name == "encoder":
+        d = _dims(name, quick, dims)
+        wl = Workload(
+            name="encoder",
+            title=(f"BERT-base-sized encoder (nn.TransformerEncoder), {d['n_layers']} layers, d_model "
+                   f"{d['d_model']}, {d['n_heads']} heads, seq {d['seq_len']}, vocabulary {d['vocab']}"),
+            task="train",
+            batch_size=16 if quick else 32,
+            n_samples=32 if quick else 32 * 16,
+            n_eval=16 if quick else 64,
+            module_factory=functools.partial(TransformerClassifier, n_classes=2, **d),
+            data_factory=functools.partial(_token_data, vocab=d["vocab"], seq_len=d["seq_len"], n_classes=2),
+            targets=(*_GPU_TARGETS, _AMP_PAYS),
+        )
+    elif name == "decoder":
+        from ampnet_bench.gpu_models import DecoderLM, TokenCrossEntropy
+
+        d = _dims(name, quick, dims)
+        wl = Workload(
+            name="decoder",
+            title=(f"GPT-2-small-sized decoder (causal mask, next-token loss), {d['n_layers']} layers, d_model "
+                   f"{d['d_model']}, {d['n_heads']} heads, seq {d['seq_len']}, vocabulary {d['vocab']}"),
+            task="train",
+            batch_size=8 if quick else 16,
+            n_samples=16 if quick else 16 * 16,
+            n_eval=8,
+            module_factory=functools.partial(DecoderLM, **d),
+            data_factory=functools.partial(_lm_data, vocab=d["vocab"], seq_len=d["seq_len"]),
+            targets=_GPU_TARGETS,
+            criterion=TokenCrossEntropy,
         )
     elif name == "predict":
         sizes = (256, 512, 512, 10) if quick else (1024, 2048, 2048, 10)
@@ -749,7 +848,7 @@ def get_workload(
         )
     else:
         raise ValueError(
-            f"Unknown workload {name!r}; choose from {', '.join(WORKLOAD_NAMES)} or 'all'."
+            f"Unknown workload {name!r}; choose from {', '.join(WORKLOAD_NAMES + GPU_WORKLOADS)} or 'all'."
         )
     changes = {}
     if batch_size is not None:

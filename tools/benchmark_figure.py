@@ -42,6 +42,10 @@ STATIC = ROOT / "docs" / "_static"
 #: glibc malloc settings of the measurement (set for the benchmark's processes where unset)
 MALLOC = (("MALLOC_MMAP_MAX_", "0"), ("MALLOC_TRIM_THRESHOLD_", "17179869184"))
 
+#: The figure's title: the machine of the page's "Memory and speed" section (0.3, November 2026).
+TITLE = ("ampnet against a hand-written AMP loop, skorch + accelerate and Lightning (bf16, AdamW; 0.3 on a "
+         "2-core Intel Xeon\nwith AVX512-BF16 and AMX, torch 2.13.0, November 2026)")
+
 #: The two tables of the page's "Memory and speed" section: the paragraph line that opens each.
 TABLES = {
     "MLP 1024-2048-2048-10, batch 256": "MLP 1024-2048-2048-10, batch 256, 8192 rows per epoch",
@@ -108,8 +112,7 @@ def draw(data: dict, path: Path = PNG) -> Path:
         ax.set_title(w["name"], fontsize=10)
         ax.set_xlabel("seconds per epoch, median over rounds (lower is faster)\n"
                       "label: time, ratio to the autocast loop (per round), training state", fontsize=8)
-    fig.suptitle("ampnet against a hand-written AMP loop, skorch + accelerate and Lightning "
-                 "(bf16, AdamW, 2-core Xeon CPU)", fontsize=10)
+    fig.suptitle(TITLE, fontsize=10)
     fig.tight_layout(rect=(0, 0, 1, 0.97))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100, metadata={"Software": None})

@@ -53,7 +53,7 @@ def trace(fn):
         if code.co_filename.startswith(root):
             files.add(os.path.relpath(code.co_filename, root))
             if code.co_name == "__init__" and code.co_filename.endswith(os.path.join("precision", "component.py")) \
-                    and type(frame.f_locals.get("self")).__name__ == "Precision":
+                    and any(c.__name__ == "Precision" for c in type(frame.f_locals.get("self")).__mro__):
                 built[0] += 1
             if code.co_name == "check" and code.co_filename.endswith("params.py") and frame.f_back \
                     and frame.f_back.f_code.co_filename.endswith("params.py") is False:

@@ -16,6 +16,7 @@ Once decided, a float32 choice switches the net in place
 - :mod:`ampnet.auto.enabled`: candidates, :class:`AutotuneResult`;
 - :mod:`ampnet.auto.trial`: the measurement and the watch over the choice;
 - :mod:`ampnet.auto.cache`: the on-disk memory;
+- :mod:`ampnet.auto.cache_command`: ``python -m ampnet cache [--clear]`` (:func:`manage_cache`);
 - :mod:`ampnet.auto.fp32_modules`: ``amp_fp32_modules='auto'``'s probe;
 - :mod:`ampnet.auto.saved`: both choices in checkpoints.
 """
@@ -30,6 +31,7 @@ from skorch.callbacks import LoadInitState as SkorchLoadInitState
 
 from ampnet.config import reconfigure
 from ampnet.auto import cache
+from ampnet.auto.cache_command import main as manage_cache
 from ampnet.auto.enabled import (
     AutotuneResult, candidate_params, device_choice, label, settings_of, table_of,
 )
@@ -43,7 +45,8 @@ from ampnet.config.net_state import all_or_nothing
 from ampnet.config.params import is_auto
 from ampnet.utils.random_state import kept_random_state
 
-__all__ = ["resolve", "train_step", "end_epoch", "end_fit", "AutotuneResult", "write_choices", "plan_choices"]
+__all__ = ["resolve", "train_step", "end_epoch", "end_fit", "AutotuneResult", "write_choices", "plan_choices",
+           "manage_cache"]
 
 
 def resolve(net: Any, X: Any, y: Any = None, **fit_params: Any) -> None:
@@ -98,7 +101,7 @@ def _resolve_enabled(net: Any, X: Any, y: Any, saved: Any, source: str | None, e
                                           table=table_of(candidates, None, not_worth), note=not_worth))
     key = (cache.cache_key(net, candidates, X, clock=settings["timer"] is not None)
            if settings["cache"] is not False else None)
-    folder = cache.cache_dir() if settings["cache"] is True else settings["cache"]
+    folder = cache.cache_dir(None if settings["cache"] is True else settings["cache"])
     stored, expired = _stored(net, key, candidates, folder)
     if stored is not None:
         index, entry, where = stored
@@ -164,11 +167,12 @@ def _stored(net: Any, key: dict | None, candidates: list,
         return None, None
     if entry is None:
         return None, None
+    where = cache.entry_path(key, folder)
     if cache.expired(entry):
         days = cache.EXPIRES_S / 86400
-        return None, (f"the choice stored in {folder} is older than {days:g} days (or dated in the future): "
+        return None, (f"the choice stored in {where} is older than {days:g} days (or dated in the future): "
                       "measured again, so that a choice made once gets a chance to be proven wrong")
-    return (candidates.index(entry["params"]), entry, f"read from {folder}"), None
+    return (candidates.index(entry["params"]), entry, f"read from {where}"), None
 
 
 def _fit_steps(net: Any, X: Any, y: Any, epochs: int | None, **fit_params: Any) -> int | None:
@@ -230,7 +234,8 @@ def _settle(net: Any, trial: Trial, store: bool = True) -> None:
     if trial.key is not None and rank == 0 and store and trial.measured and trial.step_s(chosen):
         problem = cache.write_entry(trial.key, result.params, trial.step_s(chosen), trial.folder)
         result.cache = f"not stored: {problem}" if problem else (
-            f"stored in {trial.folder}: the next fit of this model on this machine starts with it")
+            f"stored in {cache.entry_path(trial.key, trial.folder)}: the next fit of this model on this machine "
+            "starts with it (`python -m ampnet cache --clear` removes it)")
     elif trial.key is not None and not store:
         result.cache = (f"not stored in {trial.folder}: the fit ended before the measurement did, so the next "
                         "fit measures")
@@ -252,7 +257,8 @@ def end_epoch(net: Any) -> None:
         result.check = finding + "; the next fit measures again"
         if trial.key is not None:
             cache.forget_entry(trial.key, trial.folder)
-            result.cache = f"not kept in {trial.folder}: the check dropped the stored choice"
+            result.cache = (f"not kept in {cache.entry_path(trial.key, trial.folder)}: the check dropped the "
+                            "stored choice")
 
 
 def end_fit(net: Any) -> None:

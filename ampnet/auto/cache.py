@@ -12,7 +12,9 @@ input's per-row shape and dtype, the batch size the fit uses
 accumulation, the optimizers with the kernel settings the user gave, the
 modules kept in float32 and the candidates the net's settings allow. A
 choice measured under a test clock (``amp_autotune__timer``) has a key of
-its own (``clock``): it never stands for the machine's. The folder is ``AMPNET_CACHE_DIR`` where that is set, else the
+its own (``clock``): it never stands for the machine's. The folder is
+``AMPNET_CACHE_DIR`` where that is set (a leading ``~`` is the home folder,
+there and in ``amp_autotune__cache``), else the
 user's cache folder by the platform's convention (``platformdirs``:
 ``~/.cache/ampnet`` on Linux). ``amp_autotune__cache=False`` turns it off
 for a net: nothing is read or written.
@@ -31,7 +33,8 @@ the number of concurrent writers; the folder keeps at most
 :data:`MAX_ENTRIES` entries, the oldest removed first. Eviction removes only
 files that ampnet wrote (named ``auto-<40 hex digits>.json`` and holding an
 entry), never the entry just written, and counts a file dated in the
-future as the oldest.
+future as the oldest. ``python -m ampnet cache --clear``
+(:mod:`ampnet.auto.cache_command`) removes them all.
 """
 
 from __future__ import annotations
@@ -53,8 +56,8 @@ import torch
 
 from ampnet.config.params import parsed
 
-__all__ = ["cache_dir", "cache_key", "read_entry", "write_entry", "forget_entry", "expired", "MAX_BYTES",
-           "MAX_ENTRIES", "MIN_STEP_S", "MAX_STEP_S", "EXPIRES_S"]
+__all__ = ["cache_dir", "entry_path", "cache_key", "read_entry", "write_entry", "forget_entry", "expired",
+           "MAX_BYTES", "MAX_ENTRIES", "MIN_STEP_S", "MAX_STEP_S", "EXPIRES_S"]
 
 #: The most bytes an entry may have; a larger file is refused unread.
 MAX_BYTES = 16 * 1024
@@ -80,11 +83,25 @@ _NAME = re.compile(r"auto-[0-9a-f]{40}\.json")
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
-def cache_dir() -> str:
-    """``AMPNET_CACHE_DIR``, else the platform's user cache folder for ampnet."""
-    given = os.environ.get("AMPNET_CACHE_DIR")
+def cache_dir(folder: str | None = None) -> str:
+    """The folder of the cache: ``folder`` (a net's ``amp_autotune__cache``)
+    where given, else ``AMPNET_CACHE_DIR`` where that is set, else the
+    platform's user cache folder for ampnet; a leading ``~`` is the user's
+    home folder, as in a shell.
+
+    Parameters
+    ----------
+    folder : str or None
+      A folder of the user's own; None: the default folder.
+
+    Returns
+    -------
+    str
+      The folder, ``~`` expanded.
+    """
+    given = folder or os.environ.get("AMPNET_CACHE_DIR")
     if given:
-        return given
+        return os.path.expanduser(given)
     return platformdirs.user_cache_dir("ampnet", appauthor=False)
 
 
@@ -194,6 +211,11 @@ def cache_key(net: Any, candidates: list[dict[str, Any]], X: Any = None, clock: 
     if clock:
         key["clock"] = "amp_autotune__timer"
     return key
+
+
+def entry_path(key: Mapping[str, Any], folder: str | None = None) -> str:
+    """The file of ``key``'s entry in ``folder`` (default: :func:`cache_dir`)."""
+    return _path(folder or cache_dir(), key)
 
 
 def _path(folder: str, key: Mapping[str, Any]) -> str:

@@ -81,7 +81,10 @@ class AutotuneResult:
       machine got busy, the first batches were unrepresentative): the
       stored entry is then dropped, and the next fit measures again.
     cache : str or None
-      The cache file read or written, or why there was none.
+      What the cache did, in words, naming the entry's file (in the cache
+      folder: ``AMPNET_CACHE_DIR``, the user's cache folder or
+      ``amp_autotune__cache``): read from it, stored in it, or not kept;
+      or why nothing was stored. None where the cache was not used.
     device : str
       The device it chose for.
     """
@@ -113,8 +116,16 @@ class AutotuneResult:
                          f"Cost: {self.cost_s:.2f} s.")
         for text in (self.note, self.check, self.cache):
             if text:
-                lines.append(text[:1].upper() + text[1:] + ("" if text.endswith(".") else "."))
+                lines.append(_sentence(text))
         return "\n".join(lines)
+
+
+def _sentence(text: str) -> str:
+    """``text`` as a sentence: a first word of plain letters capitalised (not
+    a name from code, such as ``f_params='...'``), a full stop at the end."""
+    first = text.split(" ", 1)[0]
+    head = text[:1].upper() + text[1:] if first.isalpha() and first.islower() else text
+    return head + ("" if text.endswith(".") else ".")
 
 
 def _short(text: str) -> str:

@@ -228,11 +228,11 @@ class Trial:
                 self._float32_setting(net)
             self._mark = self.clock.start()
         float32 = not self.decided and self._current == 0
-        prec.float32_step = float32
+        state.float32_step = float32  # the fit's state, not the component's
         try:
             out = step(net, batch, **fit_params)
         finally:
-            prec.float32_step = False
+            state.float32_step = False
             if state.micro_batches == 0 and float32:  # the step ended (or failed): mixed precision's setting back
                 self._mixed_setting(net)
         if state.micro_batches == 0:  # the step ended

@@ -511,6 +511,10 @@ class ParsedParams(Mapping[str, Any]):
 #: The attribute under which a net keeps its :class:`ParsedParams`.
 PARSED_ATTRIBUTE = "amp_params_"
 
+#: Where an initialized net keeps the parse its components were built from
+#: while a parameter set by plain assignment waits to be applied.
+BUILT_ATTRIBUTE = "amp_params_built_"
+
 
 def is_parsed_name(name: str) -> bool:
     """Whether ``name`` is one of the parameters a :class:`ParsedParams`

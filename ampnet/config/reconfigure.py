@@ -34,7 +34,8 @@ from ampnet.exceptions import amp_warn
 from ampnet.training.parallel import build_parallel, rebuild_parallel
 from ampnet.utils.hints import close_names
 from ampnet.config.params import (
-    LAYOUT, LIVE_SCALER, MODULE_PARAMS, NOTHING, PARALLEL, PARAMS, PARSED_ATTRIBUTE, SCALER, ParsedParams,
+    BUILT_ATTRIBUTE, LAYOUT, LIVE_SCALER, MODULE_PARAMS, NOTHING, PARALLEL, PARAMS, PARSED_ATTRIBUTE, SCALER,
+    ParsedParams,
     auto_inputs, check, check_all, check_names, constructor_defaults, is_auto, is_parsed_name, parsed, pending_params,
     rebuilds,
 )
@@ -86,6 +87,34 @@ def parse(net: "AmpNetMixin", changes: Mapping[str, Any] | None = None, fresh: b
     values = dict(held) if held is not None else check_all(_own_params(net))
     values.update(check_all({k: v for k, v in (changes or {}).items() if is_parsed_name(k)}))
     return ParsedParams(values)
+
+
+def _hold(net: "AmpNetMixin", values: ParsedParams) -> None:
+    """Keep ``values`` as the net's parse, the one its components are built
+    from (a parse kept from before a plain assignment is done with)."""
+    net.__dict__[PARSED_ATTRIBUTE] = values
+    net.__dict__.pop(BUILT_ATTRIBUTE, None)
+
+
+def assigned_changes(net: "AmpNetMixin") -> dict[str, Any]:
+    """The AMP parameters of an initialized net set by plain assignment
+    (``net.amp_dtype = 'float16'``, as scikit-learn allows) since its
+    components were built, with their values: those whose parse differs
+    from the one the components were built from. ``set_params`` applies
+    them together with its own changes, and ``partial_fit`` before it
+    trains, so that the net gets the components a fresh build gives.
+
+    Raises
+    ------
+    ValueError, TypeError
+      An assigned value that is invalid, naming the parameter.
+    """
+    built = net.__dict__.get(BUILT_ATTRIBUTE)
+    if built is None:
+        return {}
+    raw = _own_params(net)
+    values = check_all(raw)
+    return {name: raw[name] for name in values if name not in built or values[name] != built[name]}
 
 
 def checked_params(net: "AmpNetMixin", changes: Mapping[str, Any] | None = None,
@@ -199,7 +228,7 @@ def build_precision(net: "AmpNetMixin", plan: InitPlan) -> None:
             print(net._format_reinit_msg("grad_scaler", kwargs))
         detach_layout(net)  # float32 again: skorch may reuse the module instance
         net.__dict__["precision_"] = Precision.build(plan.settings, net.get_params_for("grad_scaler"))
-    net.__dict__[PARSED_ATTRIBUTE] = plan.values
+    _hold(net, plan.values)
     if "precision_" not in net.cuda_dependent_attributes_:
         # pickled together with optimizer_, so that the masters stay the optimizer's parameters
         net.cuda_dependent_attributes_ = [*net.cuda_dependent_attributes_, "precision_"]
@@ -253,7 +282,7 @@ def initialize_grad_scaler(net: "AmpNetMixin") -> None:
     values = parse(net, fresh=True)
     scaler = build_scaler(build_settings(checked_params(net, values=values)), net.get_params_for("grad_scaler"))
     net.precision_.scaler = scaler
-    net.__dict__[PARSED_ATTRIBUTE] = values
+    _hold(net, values)
     net.amp_step_state_.scale = None
     net.amp_step_state_.closure = uses_closure(net)
 
@@ -306,6 +335,8 @@ def plan_change(net: "AmpNetMixin", kwargs: dict[str, Any]) -> Change:
     ValueError, TypeError
       An invalid value or name, naming the parameter.
     """
+    if net.initialized_:  # what plain assignments changed since the components were built, rebuilt now too
+        kwargs = {**assigned_changes(net), **kwargs}
     own, others = _split(kwargs)
     if not net.initialized_:
         return Change("store", kwargs, own, others)
@@ -352,7 +383,7 @@ def apply_change(net: "AmpNetMixin", change: Change) -> None:
         _check_optimizers_accept(net, change.skorch)
     _drop_choice_on_new_probe_settings(net, _tuned(change.own))
     net.__dict__.update(change.own)
-    net.__dict__[PARSED_ATTRIBUTE] = change.values
+    _hold(net, change.values)
     if change.kind == "live":
         _set_live_settings(net.precision_.scaler, _live(change.own))
         net.amp_step_state_.scale = None

@@ -12,6 +12,12 @@ master copies, float32 and low-precision regions, memory format),
 ``gather_grads``, ``check`` (unscale once, on the device), ``decide`` (the
 one host read of a step), ``step_context`` (fused optimizers),
 ``after_step`` and ``update``.
+
+Each kind of precision is a subclass, in :mod:`ampnet.precision.kinds` (one
+module per kind), chosen from the settings by :func:`precision_class`: ``Precision(settings,
+scaler)`` builds the kind that ``settings`` ask for, and a new ``settings``
+(a move to another device type) re-chooses it. A kind says what it does at
+every hook; no hook branches on the settings.
 """
 
 from __future__ import annotations
@@ -21,17 +27,11 @@ import dataclasses
 from typing import Any, Collection, Iterator, Mapping, NamedTuple, Sequence
 
 import torch
-from skorch.utils import to_tensor
-
-from ampnet.utils.placement import is_on
-from ampnet.utils.tree import cast_floating, map_tensors
-from ampnet.utils.dtypes import LOW_PRECISION_DTYPES
 from ampnet.precision import compensated as comp
 from ampnet.exceptions import amp_warn
 from ampnet.precision.legacy import remove_legacy_hooks
 from ampnet.precision.memory import MemoryReport, measure_memory
 from ampnet.precision.checks import nonfinite_grads, unscale_flag
-from ampnet.precision.inputs import match_module_dtype
 from ampnet.precision.masters import (
     find_state_hook,
     install_state_hooks,
@@ -49,7 +49,7 @@ from ampnet.precision.selectors import AUTO, parse_selectors
 from ampnet.precision.settings import PrecisionSettings, init_param_names, scaling_enabled
 
 
-__all__ = ["Precision", "StepDecision", "module_root", "NO_CONTEXT"]
+__all__ = ["Precision", "StepDecision", "module_root", "NO_CONTEXT", "precision_class", "restore_precision"]
 
 
 class StepDecision(NamedTuple):
@@ -64,19 +64,9 @@ class StepDecision(NamedTuple):
 #: A context that does nothing (reusable: ``contextlib.nullcontext`` keeps no state).
 NO_CONTEXT = contextlib.nullcontext()
 
-#: Output dtypes that convert_output casts to float32 under AMP.
-_TO_FLOAT32 = (*LOW_PRECISION_DTYPES, torch.float64)
-
-
 def module_root(module: torch.nn.Module) -> torch.nn.Module:
     """The module that precision acts on (inside a ``torch.compile`` wrapper)."""
     return getattr(module, "_orig_mod", module)
-
-
-def _channels_last(t: torch.Tensor) -> torch.Tensor:
-    if t.dim() == 4 and t.is_floating_point():
-        return t.contiguous(memory_format=torch.channels_last)
-    return t
 
 
 class Precision:
@@ -105,22 +95,66 @@ class Precision:
       The modules that ``'auto'`` in ``amp_fp32_modules`` stands for in the
       next :meth:`plan` (None: those of the current layout, if any).
 
-    float32_step : bool
-      True while ``amp_enabled='auto'`` measures a float32 step of its fit
-      (:mod:`ampnet.auto.trial`): autocast stays off; weights, optimizer
-      state and loss scaling are as for a mixed step.
+    Notes
+    -----
+    ``Precision(settings, scaler)`` returns an instance of the kind that
+    ``settings`` ask for (:func:`precision_class`).
+    What a hook needs from the settings and the layout is read once, when
+    either is set (:meth:`_configure`), never inside a hook.
     """
 
     auto_fp32: tuple[str, ...] | None = None  # also for components pickled before it existed
-    float32_step: bool = False
+    #: ``scaler.unscale_`` keywords of ampnet's scaler for this kind.
+    _unscale_kwargs: Mapping[str, Any] = {}
+
+    def __new__(cls, settings: PrecisionSettings | None = None, scaler: GradScaler | None = None) -> "Precision":
+        if cls is Precision and settings is not None:
+            cls = precision_class(settings)
+        return object.__new__(cls)
 
     def __init__(self, settings: PrecisionSettings, scaler: GradScaler) -> None:
+        self.__dict__["_layout"] = None
         self.settings = settings
         self.scaler = scaler
-        self.layout: PrecisionLayout | None = None
         self.masters: dict[str, torch.nn.Parameter] | None = None
         self.auto_fp32: tuple[str, ...] | None = None
         self._found: dict[int, torch.Tensor] = {}
+
+    @property
+    def settings(self) -> PrecisionSettings:
+        """The checked precision settings; setting new ones re-chooses the
+        kind (:func:`precision_class`)."""
+        return self.__dict__["_settings"]
+
+    @settings.setter
+    def settings(self, settings: PrecisionSettings) -> None:
+        kind = precision_class(settings)
+        self.__dict__["_settings"] = settings
+        if type(self) is not kind:
+            self.__class__ = kind
+        self._configure()
+
+    @property
+    def layout(self) -> PrecisionLayout | None:
+        """The module's layout once attached (``amp_layout_``)."""
+        return self.__dict__["_layout"]
+
+    @layout.setter
+    def layout(self, layout: PrecisionLayout | None) -> None:
+        self.__dict__["_layout"] = layout
+        self._configure()
+
+    def _configure(self) -> None:
+        """Read what the hooks need from the settings and the layout."""
+        d = self.__dict__
+        settings, layout = d.get("_settings"), d.get("_layout")
+        if settings is None:
+            return
+        policy = settings.policy
+        d["_device_type"], d["_dtype"] = policy.device_type, policy.compute_dtype
+        d["_skip_nonfinite"] = settings.skip_nonfinite
+        d["_scoped"] = layout is not None and layout.scoped
+        d["_channels_last"] = layout is not None and layout.memory_format == "channels_last"
 
     @classmethod
     def build(cls, settings: PrecisionSettings, scaler_params: Mapping[str, Any]) -> "Precision":
@@ -355,66 +389,20 @@ class Precision:
             return self.policy.compute_dtype
         return resolve_precision(True, "auto", self.policy.device_type).compute_dtype
 
-    # ---- forward and loss --------------------------------------------------
-
-    def _current(self) -> tuple:
-        """``(settings, layout, enabled, device type, compute dtype, scoped,
-        channels_last)`` of the current settings and layout, read once per
-        change of either (the hooks of every batch read them)."""
-        cache = self.__dict__.get("_cache")
-        if cache is None or cache[0] is not self.settings or cache[1] is not self.layout:
-            policy, layout = self.settings.policy, self.layout
-            cache = (self.settings, layout, policy.enabled, policy.device_type, policy.compute_dtype,
-                     layout is not None and layout.scoped,
-                     layout is not None and layout.memory_format == "channels_last")
-            self.__dict__["_cache"] = cache
-        return cache
+    # ---- forward and loss: each kind's (ampnet.precision.kinds) ----------
 
     def forward_context(self) -> contextlib.AbstractContextManager:
-        """Autocast for the forward pass and the loss (off for the rest of
-        the model when only ``amp_modules`` run in low precision); nothing
-        where that context is entered already (a step's forward and loss)."""
-        cache = self.__dict__.get("_cache")
-        if cache is None or cache[0] is not self.settings or cache[1] is not self.layout:
-            cache = self._current()
-        _, _, enabled, device_type, dtype, scoped, _ = cache
-        if not enabled or self.float32_step:
-            return NO_CONTEXT
-        if scoped:
-            if not torch.is_autocast_enabled(device_type):
-                return NO_CONTEXT
-            return torch.autocast(device_type, enabled=False)
-        if torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type) == dtype:
-            return NO_CONTEXT
-        return torch.autocast(device_type, dtype=dtype)
+        """The context of the forward pass and the loss; nothing where that
+        context is entered already (a step's forward and loss)."""
+        raise NotImplementedError
 
     def convert_input(self, x: Any, module: Any, device: Any) -> Any:
-        """float64 features to float32 (under AMP, and for a float32 module
-        with AMP off); 4-D inputs to channels_last. Other inputs with AMP
-        off are returned as they are, so that float32 training stays skorch's."""
-        _, _, enabled, _, _, _, channels_last = self._current()
-        if not enabled:
-            x = match_module_dtype(x, module, device)
-            if not channels_last:
-                return x
-        elif type(x) is torch.Tensor and not channels_last and x.dtype != torch.float64 and (
-                is_on(x, device)):
-            return x  # a batch of the array path, on the device: nothing to convert
-        x = to_tensor(x, device=device)
-        if enabled:
-            x = cast_floating(x, torch.float32, only=(torch.float64,))
-        if channels_last:
-            x = map_tensors(x, _channels_last)
-        return x
+        """The batch's features as the module takes them, on ``device``."""
+        raise NotImplementedError
 
     def convert_output(self, y: Any) -> Any:
-        """Floating outputs to float32 under AMP (low precision, and float64
-        from a module that computes in it)."""
-        if not self._current()[2]:
-            return y
-        if type(y) is torch.Tensor:
-            return y.to(torch.float32) if y.dtype in _TO_FLOAT32 else y
-        return cast_floating(y, torch.float32, only=_TO_FLOAT32)
+        """The module's outputs as the loss and the user see them."""
+        raise NotImplementedError
 
     # ---- backward and the step ---------------------------------------------
 
@@ -452,10 +440,7 @@ class Precision:
             device = next((p.grad.device for _, params in optimizers for p in params), None)
             for optimizer, params in optimizers:
                 if ours:
-                    if self.settings.compensated:  # float16 weights and gradients
-                        scaler.unscale_(optimizer, allow_fp16=True)
-                    else:
-                        scaler.unscale_(optimizer)
+                    scaler.unscale_(optimizer, **self._unscale_kwargs)
                     flag = scaler.found_inf_tensor(optimizer)
                 else:
                     # torch's own scaler keeps its flag private: the same check, just before
@@ -465,7 +450,7 @@ class Precision:
                     scaler.unscale_(optimizer)
                 flags.append(flag)
             return flags
-        if not self.settings.skip_nonfinite:
+        if not self._skip_nonfinite:
             return None
         device = optimizers[0][1][0].grad.device if optimizers and optimizers[0][1] else None
         one = self.__dict__.get("_ones", {}).get(device)
@@ -518,10 +503,15 @@ class Precision:
         with ``'compensated'`` the optimizer steps the compensation buffers,
         which are then folded into the weights."""
         found = self._found.get(id(optimizer))
-        fused = found is not None and getattr(optimizer, "_step_supports_amp_scaling", False)
-        if self.settings.compensated:
-            return _compensated_step(optimizer, found if fused else None)
-        return _fused_flags(optimizer, found) if fused else NO_CONTEXT
+        if found is not None and getattr(optimizer, "_step_supports_amp_scaling", False):
+            return _fused_flags(optimizer, found)
+        return NO_CONTEXT
+
+    def _fused_found(self, optimizer: torch.optim.Optimizer) -> torch.Tensor | None:
+        """The flag :meth:`check` found for ``optimizer`` where it is a fused
+        one that takes it on the device, else None."""
+        found = self._found.get(id(optimizer))
+        return found if found is not None and getattr(optimizer, "_step_supports_amp_scaling", False) else None
 
     def after_step(self, module: Any) -> None:
         """Refresh the low-precision weights from the masters."""
@@ -561,14 +551,80 @@ class Precision:
         self.scaler.load_state_dict(state["grad_scaler"])
 
     def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
+        # the names of ampnet 0.4's pickles: settings, scaler, layout, masters, auto_fp32, _found
+        state = {k: v for k, v in self.__dict__.items() if k not in _DERIVED}
+        state["settings"] = state.pop("_settings")
+        state["layout"] = state.pop("_layout")
         state["_found"] = {}
-        state.pop("_cache", None)
-        state.pop("_ones", None)
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Restore a pickled component, also one of ampnet 0.4 (one class
+        for every precision): its kind is chosen from its settings."""
+        restore_precision(self, state)
 
     def __repr__(self) -> str:
         return f"<Precision: {self.policy.name}, loss scaling {'on' if self.scaling else 'off'}>"
+
+
+def precision_class(settings: PrecisionSettings) -> type[Precision]:
+    """The kind of :class:`Precision` that ``settings`` ask for.
+
+    The kinds are the subclasses of :class:`Precision` that define a static
+    ``serves(settings)`` (:mod:`ampnet.precision.kinds`, one module each;
+    importing :mod:`ampnet.precision` imports them). From :class:`Precision`
+    down, the one subclass that serves ``settings`` is taken, then the one
+    of its subclasses that does, until none does: the most specific kind.
+
+    Parameters
+    ----------
+    settings : PrecisionSettings
+      A net's checked precision settings.
+
+    Returns
+    -------
+    type
+      A subclass of :class:`Precision`.
+
+    Raises
+    ------
+    TypeError
+      Two kinds at one level serve ``settings`` (each kind must own its settings).
+    ValueError
+      No kind serves them.
+    """
+    kind: type[Precision] = Precision
+    while True:
+        serving = [k for k in kind.__subclasses__() if "serves" in k.__dict__ and k.serves(settings)]
+        if len(serving) > 1:
+            raise TypeError(
+                f"kinds of precision {', '.join(k.__qualname__ for k in serving)} all serve {settings!r}; "
+                "a kind must own its settings. Fix: make their serves(settings) exclusive.")
+        if not serving:
+            break
+        kind = serving[0]
+    if kind is Precision:
+        raise ValueError(
+            f"no kind of precision serves {settings!r}. Fix: import ampnet.precision, which imports "
+            "the kinds of ampnet.precision.kinds.")
+    return kind
+
+
+#: What :meth:`Precision._configure` derives, and per-run caches: never pickled.
+_DERIVED = frozenset({"_device_type", "_dtype", "_skip_nonfinite", "_scoped", "_channels_last",
+                      "_cache", "_ones", "float32_step"})
+
+
+def restore_precision(prec: Precision, state: Mapping[str, Any]) -> None:
+    """Fill ``prec`` from a pickled ``state`` (this version's or 0.4's, whose
+    class was ``Precision`` itself, with ``float32_step`` in it): the kind
+    follows the settings."""
+    state = {k: v for k, v in state.items() if k not in _DERIVED}
+    settings, layout = state.pop("settings"), state.pop("layout", None)
+    state.setdefault("_found", {})
+    prec.__dict__.update(state)
+    prec.__dict__["_layout"] = layout
+    prec.settings = settings
 
 
 class _fused_flags:
@@ -586,16 +642,6 @@ class _fused_flags:
 
     def __exit__(self, *exc: Any) -> None:
         del self.optimizer.grad_scale, self.optimizer.found_inf
-
-
-@contextlib.contextmanager
-def _compensated_step(optimizer: torch.optim.Optimizer, found: torch.Tensor | None) -> Iterator[None]:
-    with comp.compensated_step(optimizer):
-        if found is None:
-            yield
-        else:
-            with _fused_flags(optimizer, found):
-                yield
 
 
 def build_scaler(settings: PrecisionSettings, scaler_params: Mapping[str, Any]) -> GradScaler:

@@ -30,6 +30,7 @@ from ampnet.utils.tree import has_nonfinite, nonfinite_flag
 from ampnet.training.batches import ArrayBatches
 from ampnet.training.records import PENDING, BatchRecords, DeferredHistory, SkipGuard, StepEntry, current_row
 from ampnet.exceptions import AmpDivergenceError, AmpStateError, amp_warn
+from ampnet.config.params import is_auto, parsed
 
 __all__ = [
     "StepState",
@@ -98,12 +99,14 @@ class StepState:
     guard: Any = None  # during a fit on a GPU: ampnet.training.records.SkipGuard
     plain_infer: bool = False  # during a fit: skorch's own infer and get_loss come next (ampnet.net)
     plain_loss: bool = False
+    float32_step: bool = False  # while amp_enabled='auto' measures a float32 step: no autocast (ampnet.net)
 
     def __getstate__(self) -> dict[str, Any]:
-        # a fit's transient parts: pending device values, the arrays (on the device), the iterator
+        # a fit's transient parts: pending device values, the arrays (on the device), the iterator,
+        # the float32 step of auto's trial (a copy predicts in the net's own precision)
         state = dict(self.__dict__)
         state.update(records=None, sources=None, batch_source=None, group_sources=[], listeners=None,
-                     modules=None, row=None, guard=None)
+                     modules=None, row=None, guard=None, float32_step=False)
         return state
 
 
@@ -425,7 +428,7 @@ def _record_rows(net: Any, state: StepState, boundary: bool) -> None:
     or loss scaling), in skorch's order: ``step_skipped`` False inside an
     accumulation group, :data:`~ampnet.training.records.PENDING` at a
     boundary until the step's outcome is known (``finish_step`` writes it)."""
-    if not net.precision_.records:
+    if not _records(net):
         return
     found = state.row if state.row is not None else current_row(net.history)
     if found is None:
@@ -573,10 +576,19 @@ def begin_epoch(net: Any) -> None:
     state.modules = _all_modules(net)
 
 
+def _records(net: Any) -> bool:
+    """Whether every batch and epoch of ``net`` records ``loss_scale`` and
+    ``step_skipped``/``skipped_steps``: AMP on, loss scaling, or
+    ``amp_enabled='auto'`` whatever it chose (so that a float32 choice made
+    mid-fit keeps the history's columns: a float32 step records a scale of
+    1.0 and its skip)."""
+    return net.precision_.records or is_auto(parsed(net, "amp_enabled"))
+
+
 def record_epoch(net: Any) -> None:
     """The epoch's ``loss_scale`` and ``skipped_steps``."""
     state = net.amp_step_state_
-    if net.precision_.records:
+    if _records(net):
         net.history.record("loss_scale", current_scale(net))
         net.history.record("skipped_steps", state.epoch_skips)
     elif state.epoch_skips:

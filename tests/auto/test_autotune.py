@@ -158,7 +158,7 @@ def test_a_float32_choice_keeps_the_optimizer_and_its_schedule(data, native_bf16
     for key in ("fused", "foreach"):  # the kernel a float32 net builds
         assert net.optimizer_.defaults[key] == pinned.optimizer_.defaults[key]
         assert net.optimizer_.param_groups[0][key] == pinned.optimizer_.param_groups[0][key]
-    assert not net.precision_.float32_step
+    assert not net.amp_step_state_.float32_step
 
 
 def test_a_mixed_step_whose_forward_pass_overflows_is_unhealthy(data, native_bf16):
@@ -491,14 +491,16 @@ def test_the_demo_says_what_auto_found(data, native_bf16):
 
     from ampnet.__main__ import _verdict
 
+    rows = [("float32 (AMP off)", "float32", "0.9", "20.0"), ("AMP on", "bfloat16 (mixed)", "0.9", "10.0")]
     faster = fit(data, amp_autotune__timer=Timer(mixed=0.5)).amp_autotune_
     assert faster.params == BF16_MIXED and faster.source == "measured"
-    verdict = _verdict(SimpleNamespace(amp_autotune_=faster), "cpu")
-    assert verdict.startswith("AMP pays off on this machine") and "bfloat16 mixed took 0.50x" in verdict
+    verdict = _verdict(SimpleNamespace(amp_autotune_=faster), "cpu", rows)
+    assert verdict.startswith("In this run, AMP pays off: bfloat16 (mixed) took 0.50x")
+    assert "amp_enabled='auto' measured 0.50x float32's step time" in verdict
     slower = fit(data, amp_autotune__timer=Timer(mixed=2.0), amp_autotune__cache=False).amp_autotune_
-    assert "mixed precision took 2.00x float32's step time" in _verdict(SimpleNamespace(amp_autotune_=slower), "cpu")
+    assert "measured 2.00x float32's step time" in _verdict(SimpleNamespace(amp_autotune_=slower), "cpu", rows)
     stored = fit(data, amp_autotune__timer=Timer(mixed=0.5)).amp_autotune_
-    assert "it measured nothing" in _verdict(SimpleNamespace(amp_autotune_=stored), "cpu")
+    assert "it measured nothing" in _verdict(SimpleNamespace(amp_autotune_=stored), "cpu", rows)
 
 
 def test_amp_autotune_on_a_net_that_is_not_auto_says_what_it_is():

@@ -721,3 +721,314 @@ def test_a_missed_target_within_the_aa_spread_reads_as_noise():
     assert met_cell(False, "within noise") == "no, within the A/A spread (noise)"
     assert met_cell(False, "differs") == "**no**" and met_cell(False, None) == "**no**"
     assert met_cell(None, "differs") == ""
+
+
+# ---- issue 37: the GPU workloads, the overhead workload and the careful loop ------------------
+
+
+def test_gpu_workloads_are_the_stated_models():
+    from torch import nn
+
+    from ampnet_bench.gpu_models import DecoderLM, ResNet50, TokenCrossEntropy
+    from ampnet_bench.workloads import GPU_WORKLOADS, WORKLOAD_NAMES, get_workload
+
+    assert GPU_WORKLOADS == ("resnet50", "encoder", "decoder") and not set(GPU_WORKLOADS) & set(WORKLOAD_NAMES)
+    with torch.device("meta"):  # full sizes without allocating them
+        resnet = get_workload("resnet50").module_factory()
+        encoder = get_workload("encoder").module_factory()
+        decoder = get_workload("decoder").module_factory()
+    assert isinstance(resnet, ResNet50) and sum(p.numel() for p in resnet.parameters()) == 25_557_032
+    assert [len(stage) for stage in resnet.stages] == [3, 4, 6, 3]
+    for module, n_layers in ((encoder, 12), (decoder, 12)):
+        layers = [m for m in module.modules() if isinstance(m, nn.TransformerEncoderLayer)]
+        assert len(layers) == n_layers
+        assert {(m.self_attn.embed_dim, m.self_attn.num_heads, m.linear1.out_features) for m in layers} == {
+            (768, 12, 3072)}
+    assert encoder.embed.num_embeddings == 30522 and encoder.pos.shape == (128, 768)
+    assert isinstance(decoder, DecoderLM) and decoder.head.out_features == 50304 and decoder.pos.shape == (256, 768)
+    r, e, d = (get_workload(n) for n in GPU_WORKLOADS)
+    assert (r.batch_size, e.batch_size, d.batch_size) == (64, 32, 16)
+    assert r.n_batches == e.n_batches == d.n_batches == 16
+    assert "3x224x224" in r.title and "seq 128" in e.title and "seq 256" in d.title
+    assert d.criterion is TokenCrossEntropy and r.criterion is e.criterion is nn.CrossEntropyLoss
+    assert {t.comparison for t in r.targets} == {t.comparison for t in e.targets} == {
+        "ampnet_mixed_vs_careful", "ampnet_mixed_vs_careful_ieee"}
+    assert {t.comparison for t in d.targets} == {"ampnet_mixed_vs_careful"}
+
+
+def test_the_decoder_is_causal_and_its_loss_covers_every_token():
+    from ampnet_bench.workloads import get_workload
+
+    wl = get_workload("decoder", quick=True)
+    module, data = wl.build_module(0).eval(), wl.make_data(0)
+    X = data.X[:2]
+    assert data.y.shape == data.X.shape and torch.equal(data.X[:, 1:], data.y[:, :-1])  # the next token
+    changed = X.clone()
+    changed[:, -1] = (changed[:, -1] + 1) % 256
+    with torch.no_grad():
+        logits, other = module(X), module(changed)
+    assert logits.shape == (2, 16, 256)
+    assert torch.equal(logits[:, :-1], other[:, :-1]) and not torch.equal(logits[:, -1], other[:, -1])
+    loss = wl.criterion()(logits, data.y[:2])
+    assert loss == torch.nn.functional.cross_entropy(logits.reshape(-1, 256), data.y[:2].reshape(-1))
+
+
+def test_the_overhead_workload_is_the_issues():
+    from ampnet_bench.workloads import OVERHEAD_STEPS, get_workload
+
+    wl = get_workload("overhead")
+    module = wl.build_module(0)
+    assert [m.weight.shape for m in module.layers if isinstance(m, torch.nn.Linear)] == [(32, 20), (2, 32)]
+    assert wl.batch_size == 32 and wl.n_batches == OVERHEAD_STEPS == 400 and wl.n_samples == 32 * 400
+    assert {(t.comparison, t.op, t.value) for t in wl.targets} == {
+        ("ampnet_mixed_vs_careful", "<=", 1.10), ("ampnet_mixed_vs_skorch", ">", 1.0),
+        ("ampnet_fp32_vs_skorch", "<", 1.0)}
+    assert get_workload("overhead", quick=True).n_batches == 20
+    assert BenchConfig(workloads=("overhead",)).optimizer_spec() == (torch.optim.SGD, {"momentum": 0.9, "lr": 0.01})
+
+
+class _RowRecorder(torch.nn.Module):
+    """A linear model that records the row ids (column 0 of its input) of every batch."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(2, 2)
+        self.batches = []
+
+    def forward(self, X):
+        self.batches.append(X[:, 0].long().tolist())
+        return self.linear(X)
+
+
+def test_careful_loop_batches_every_row_once_an_epoch_and_reads_the_loss_once(monkeypatch):
+    from ampnet_bench.careful_loop import careful_train
+
+    X = torch.stack([torch.arange(70.0), torch.randn(70)], dim=1)
+    y = torch.randint(0, 2, (70,))
+    reads = []
+    for name in ("item", "__float__"):
+        original = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda self, _o=original, _n=name: reads.append(_n) or _o(self))
+    ticks = iter([0.0, 2.0, 10.0, 13.0])
+    model = _RowRecorder()
+    run = careful_train(model, X, y, batch_size=32, epochs=2, optimizer_cls=torch.optim.SGD,
+                        optimizer_kwargs={"lr": 0.1, "momentum": 0.9}, clock=lambda: next(ticks))
+    monkeypatch.undo()
+    assert run.epoch_times == [2.0, 3.0]  # the clock's differences
+    assert reads == ["__float__", "__float__"]  # the loss read once an epoch, never per step
+    assert [len(b) for b in model.batches] == [32, 32, 6, 32, 32, 6]
+    first, second = sum(model.batches[:3], []), sum(model.batches[3:], [])
+    assert sorted(first) == sorted(second) == list(range(70)) and first != second  # a new permutation each epoch
+    assert run.optimizer_impl == "fused" and run.optimizer.defaults["fused"] is True
+    assert len(run.epoch_losses) == 2 and all(math.isfinite(v) for v in run.epoch_losses)
+
+
+def test_careful_loop_falls_back_to_foreach_where_fused_is_refused():
+    from ampnet_bench.careful_loop import make_fast_optimizer
+
+    class NoFused(torch.optim.SGD):
+        def __init__(self, params, fused=None, **kwargs):
+            if fused:
+                raise RuntimeError("`fused=True` is not supported here")
+            super().__init__(params, **kwargs)
+
+    params = [torch.nn.Parameter(torch.ones(2))]
+    optimizer, impl = make_fast_optimizer(NoFused, params, {"lr": 0.1})
+    assert impl == "foreach" and optimizer.defaults["foreach"] is True and not optimizer.defaults.get("fused")
+
+
+def test_float32_mode_sets_tf32_and_restores_it():
+    from ampnet_bench.careful_loop import float32_mode
+
+    before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    with float32_mode("ieee"):
+        assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == (False, False)
+    with float32_mode("tf32"):
+        assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == (True, True)
+    with float32_mode(None):
+        assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == before
+    assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == before
+    with pytest.raises(ValueError, match=r"float32 mode 'fp32' is not one of None, 'ieee', 'tf32'; pass 'ieee'"):
+        with float32_mode("fp32"):
+            pass
+
+
+def test_item_loop_reads_the_loss_every_step(monkeypatch):
+    from ampnet_bench.contenders import _item_train
+
+    cfg = BenchConfig(workloads=("overhead",), quick=True, threads=1)
+    wl = cfg.workload("overhead")
+    data = wl.make_data(cfg.seed)
+    reads = []
+    original = torch.Tensor.item
+    # the loss's reads (the DataLoader's sampler reads its seed once an epoch too)
+    monkeypatch.setattr(torch.Tensor, "item", lambda self: reads.append(self.grad_fn is not None) or original(self))
+    times, loss, _, optimizer = _item_train(_contender("raw-item-amp"), wl, data, cfg, epochs=2)
+    monkeypatch.undo()
+    assert sum(reads) == 2 * wl.n_batches and len(times) == 2 and math.isfinite(loss)
+    assert not optimizer.defaults.get("fused")
+
+
+def test_float8_contender_runs_only_where_it_can():
+    from ampnet_bench.contenders import float8_unavailable
+
+    assert float8_unavailable("cuda", "encoder", capability=(9, 0), torchao=True) is None
+    assert float8_unavailable("cuda", "decoder", capability=(8, 9), torchao=True) is None
+    assert float8_unavailable("cuda", "encoder", capability=(8, 0), torchao=True) == (
+        "skipped: float8 needs compute capability >= 8.9 (this GPU: 8.0)")
+    assert float8_unavailable("cuda", "encoder", capability=(9, 0), torchao=False) == (
+        "skipped: float8 needs torchao, which is not installed (pip install torchao)")
+    assert float8_unavailable("cpu", "encoder") == (
+        "skipped: float8 needs a CUDA device of compute capability >= 8.9 (this run: the CPU)")
+    assert float8_unavailable("cuda", "resnet50", capability=(9, 0), torchao=True) == (
+        "skipped: the float8 contender runs on the encoder and the decoder only")
+
+
+def test_float8_contender_refused_by_this_ampnet_reads_not_available(monkeypatch):
+    from ampnet_bench import contenders
+
+    # stand for a GPU where it may run: then AmpNet itself is asked for amp_dtype='float8', compile=True
+    monkeypatch.setattr(contenders, "float8_unavailable", lambda device, workload: None)
+    cfg = BenchConfig(workloads=("encoder",), quick=True, rounds=1, epochs=1, warmup=0, threads=1, memory="off",
+                      isolation="inprocess", contenders=("raw-careful", "ampnet-float8"))
+    try:
+        from ampnet import AmpNetClassifier
+
+        AmpNetClassifier(module=torch.nn.Linear, module__in_features=2, module__out_features=2,
+                         amp_dtype="float8", compile=True).initialize()
+    except (TypeError, ValueError) as exc:
+        refusal = str(exc)
+    else:
+        pytest.skip("this ampnet takes amp_dtype='float8' and compile=True")
+    w = runner.run_benchmark(cfg, log=lambda msg: None)["workloads"][0]
+    float8 = by_key(w, "ampnet-float8")
+    assert not float8["available"] and float8["error"] == f"not available in this version: {refusal}"
+    assert by_key(w, "raw-careful")["available"]
+
+
+def test_overhead_and_gpu_workloads_run_their_contenders_in_quick_mode():
+    from ampnet_bench.contenders import GPU_CONTENDERS, overhead_contenders
+
+    cfg = BenchConfig(workloads=("overhead",), quick=True, rounds=1, epochs=1, warmup=1, threads=1, memory="off",
+                      isolation="inprocess", contenders=overhead_contenders("cpu"))
+    w = runner.run_benchmark(cfg, log=lambda msg: None)["workloads"][0]
+    assert w["reference"] == "raw-careful" and w["aa_control"]["a"] == "raw-careful"
+    assert all(c["available"] for c in w["contenders"]), [(c["key"], c["error"]) for c in w["contenders"]]
+    assert by_key(w, "raw-careful")["ratio_to_reference"]["median"] == 1.0
+    # the careful loop twice: the same batches, the same weights, the same loss
+    assert by_key(w, "raw-careful")["final_loss"] == by_key(w, "raw-careful-aa")["final_loss"]
+    comps = {c["key"]: c for c in w["comparisons"]}
+    for key in ("ampnet_mixed_vs_careful", "ampnet_mixed_vs_skorch", "ampnet_fp32_vs_skorch", "item_amp_vs_careful"):
+        assert _positive(comps[key]["median"]), key
+        assert comps[key]["target"] is None  # quick mode judges no target
+    for name in ("resnet50", "encoder", "decoder"):
+        keys = ("raw-careful", "raw-careful-fp32", "raw-careful-tf32", "ampnet-mixed", "ampnet-float8")
+        assert set(keys) <= set(GPU_CONTENDERS)
+        cfg = BenchConfig(workloads=(name,), quick=True, rounds=1, epochs=1, warmup=0, threads=1, memory="off",
+                          isolation="inprocess", contenders=keys)
+        w = runner.run_benchmark(cfg, log=lambda msg: None)["workloads"][0]
+        for key in ("raw-careful", "raw-careful-fp32", "ampnet-mixed"):
+            c = by_key(w, key)
+            assert c["available"] and math.isfinite(c["final_loss"]) and 0 <= c["accuracy"] <= 1, (name, key)
+        assert by_key(w, "raw-careful-tf32")["error"] == "skipped: TF32 is a CUDA setting (this run: the CPU)"
+        assert by_key(w, "ampnet-float8")["error"].startswith("skipped: ")
+
+
+# ---- the overhead regime's table on the performance page ------------------------------------------
+
+
+def _overhead_results():
+    """A results document of the overhead workload as the benchmark writes it (figures made up)."""
+    from ampnet_bench.overhead_table import OVERHEAD_LABELS
+
+    times = {"raw-careful": 0.156, "raw-careful-aa": 0.158, "raw-careful-fp32": 0.150, "raw-item-amp": 0.204,
+             "raw-item-fp32": 0.152, "skorch-fp32": 0.192, "ampnet-fp32": 0.160, "ampnet-auto": 0.164,
+             "ampnet-mixed": 0.168}
+    contenders = [{"key": k, "available": True, "error": None, "median_s": times[k],
+                   "ratio_to_reference": {"median": times[k] / 0.156}, "auto_choice": None} for k in OVERHEAD_LABELS]
+    contenders[7]["auto_choice"] = {"chosen": "float32 (AMP off)"}
+    contenders.append({"key": "raw-careful-tf32", "available": False, "error": "skipped", "median_s": None,
+                       "ratio_to_reference": {"median": None}, "auto_choice": None})
+    comps = [{"key": "ampnet_mixed_vs_careful", "median": 1.077}, {"key": "ampnet_mixed_vs_skorch", "median": 1.143},
+             {"key": "ampnet_fp32_vs_skorch", "median": 0.833}]
+    machine = {"cpu_model": "AMD EPYC", "cpu_flags": {"avx512_bf16": True, "amx_bf16": False}, "torch": "2.14.1",
+               "skorch": "1.4.0", "ampnet": "0.5.0", "ampnet_commit": "abc1234", "date_utc": "2026-12-06 10:00:00",
+               "load_average_at_start": [0.1, 0.2, 0.3]}
+    workload = {"name": "overhead", "reference": "raw-careful", "n_batches": 400, "contenders": contenders,
+                "comparisons": comps, "aa_control": {"spread": 0.013}}
+    return {"machine": machine, "workloads": [workload]}
+
+
+def test_overhead_table_from_a_run():
+    from ampnet_bench.overhead_table import overhead_markdown, summarize_overhead
+
+    data = summarize_overhead(_overhead_results())
+    rows = {r["key"]: r for r in data["rows"]}
+    assert rows["raw-careful"]["us_per_step"] == pytest.approx(390.0) and rows["raw-careful"]["x_careful"] == 1.0
+    assert rows["ampnet-mixed"]["us_per_step"] == pytest.approx(420.0)
+    assert [t["met"] for t in data["targets"]] == [True, True, True]
+    assert data["auto_choice"] == "float32 (AMP off)" and data["aa_spread"] == 0.013
+    lines = overhead_markdown(data)
+    assert lines[0].startswith("Measured on AMD EPYC (avx512_bf16: yes, amx_bf16: no), torch 2.14.1, skorch 1.4.0, "
+                               "ampnet 0.5.0 (commit abc1234), 2026-12-06 10:00:00 UTC")
+    table = [line for line in lines if line.startswith("| AmpNet `amp_enabled=True`")]
+    assert table == ["| AmpNet `amp_enabled=True` (default bf16) | 420 | 1.08 |"]
+    assert "| AmpNet default: time a step / the careful loop's | <= 1.1 | 1.077 | yes |" in lines
+    assert "A/A spread: 1.3%. `amp_enabled=\"auto\"` chose: float32 (AMP off)." in lines
+    # a missed target, and a contender that could not run
+    results = _overhead_results()
+    results["workloads"][0]["comparisons"][0]["median"] = 1.25
+    results["workloads"][0]["contenders"][5].update(available=False, error="boom", median_s=None)
+    lines = overhead_markdown(summarize_overhead(results))
+    assert "| AmpNet default: time a step / the careful loop's | <= 1.1 | 1.250 | **no** |" in lines
+    assert "| skorch `NeuralNetClassifier`, float32 | not available: boom | |" in lines
+    results["workloads"][0]["reference"] = "raw-fp32"
+    with pytest.raises(ValueError, match="not the careful loop 'raw-careful'"):
+        summarize_overhead(results)
+
+
+def test_overhead_tool_writes_the_json_and_the_page(tmp_path):
+    import importlib.util
+
+    from ampnet_bench.overhead_table import placeholder_overhead, update_overhead_section
+    from repo_paths import ROOT
+
+    spec = importlib.util.spec_from_file_location("overhead_benchmark", ROOT / "tools" / "overhead_benchmark.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps(_overhead_results()))
+    page = tmp_path / "performance.md"
+    page.write_text("before\n% begin generated benchmark table: overhead-cpu\nold\n"
+                    "% end generated benchmark table: overhead-cpu\nafter\n")
+    data_file = tmp_path / "_data" / "overhead.json"
+    from ampnet_bench.overhead_table import summarize_overhead
+
+    tool.write(summarize_overhead(json.loads(results.read_text())), page=page, path=data_file)
+    text = page.read_text()
+    assert text.startswith("before\n% begin generated") and text.endswith("overhead-cpu\nafter\n")
+    assert "old" not in text and "| AmpNet `amp_enabled=True` (default bf16) | 420 | 1.08 |" in text
+    assert json.loads(data_file.read_text())["measured"] is True
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["_data", "performance.md", "results.json"]  # no temp files
+    # a page without the markers: neither file is written
+    bare = tmp_path / "bare.md"
+    bare.write_text("no markers\n")
+    with pytest.raises(ValueError, match="no markers '% begin generated benchmark table: overhead-cpu'"):
+        tool.write(placeholder_overhead(), page=bare, path=tmp_path / "never.json")
+    assert bare.read_text() == "no markers\n" and not (tmp_path / "never.json").exists()
+    assert update_overhead_section(text, placeholder_overhead()).count("not yet measured on a quiet machine") == 1
+
+
+def test_performance_page_shows_the_overhead_table_from_the_json():
+    from ampnet_bench.overhead_table import update_overhead_section
+    from repo_paths import ROOT
+
+    page = (ROOT / "docs" / "user_guide" / "performance.md").read_text(encoding="utf-8")
+    data = json.loads((ROOT / "docs" / "_data" / "benchmark_overhead_cpu.json").read_text(encoding="utf-8"))
+    assert update_overhead_section(page, data) == page
+    if not data["measured"]:  # until a quiet machine measures it: no figure on the page
+        section = page[page.index("% begin generated benchmark table: overhead-cpu"):]
+        assert "**Figures: not yet measured on a quiet machine.** Measure them with " \
+               "`python tools/overhead_benchmark.py`." in section
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "AMP pays where large matrix products and convolutions fill a step" in readme

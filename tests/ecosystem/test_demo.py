@@ -3,6 +3,7 @@ run did, amp_enabled='auto''s table and choice, and whether AMP pays off."""
 
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -50,16 +51,14 @@ def test_demo_prints_progress_and_table(tmp_path):
         assert lines[start + 3].startswith("Steps 1-") and " ran in: float32, bfloat16 mixed" in lines[start + 3]
     else:  # bfloat16 emulated: nothing measured, float32, and why
         assert head.endswith("(decided without a training step)")
-    chosen = head.split(": ", 1)[1].split(" (")[0]
-    verdict = next(line for line in lines
-                   if line.startswith(("AMP does not pay off", "AMP pays off", "amp_enabled='auto' trains in")))
-    if verdict.startswith("amp_enabled='auto' trains in"):  # a 1-epoch fit is too short to measure
-        assert "without measuring: this fit has" in verdict and "(decided without a training step)" in head
-    elif chosen.startswith("float32"):
-        assert verdict.startswith("AMP does not pay off for this model on this machine")
-        assert rows["amp_enabled='auto'"].split()[1] == "float32"
-    else:
-        assert verdict.startswith(f"AMP pays off on this machine: {chosen} took ")
+    # the verdict's figures are the table's: its median epoch times of the float32 and the AMP run
+    at = header.index("median epoch ms")
+    fp32_ms, amp_ms = (float(rows[name][at:].split()[0]) for name in ("float32 (AMP off)", "AMP on, amp_dtype='auto'"))
+    verdict = next(line for line in lines if line.startswith("In this run, AMP "))
+    pays = "pays off" if amp_ms / fp32_ms < 1 else "does not pay off"
+    assert verdict.startswith(f"In this run, AMP {pays}: bfloat16 (mixed) took {amp_ms / fp32_ms:.2f}x float32's "
+                              f"median epoch time ({amp_ms:.1f} ms against {fp32_ms:.1f} ms, the table's figures).")
+    assert "amp_autotune__cache=False" not in verdict
     assert any(line.startswith("Pin the choice with AmpNetClassifier(..., **net.amp_autotune_.params)")
                for line in lines)
 
@@ -138,3 +137,43 @@ def test_demo_warns_when_two_runs_in_one_precision_disagree():
     assert "OMP_NUM_THREADS=1" in note
     steady = [rows[0], rows[1][:3] + ("17.1",) + rows[1][4:], rows[2][:3] + ("17.3",) + rows[2][4:]]
     assert _timing_note(steady) is None
+
+
+def test_the_verdict_never_contradicts_the_table():
+    """A busy machine's demo said "AMP pays off on this machine: bfloat16 mixed took 0.07x float32's step time"
+    under a table of 879 ms AMP epochs against 339 ms float32 ones, after its own check had dropped the choice."""
+    from ampnet.__main__ import _verdict
+    from ampnet.auto import AutotuneResult
+    from ampnet.auto.enabled import table_of
+
+    float32 = {"amp_enabled": False, "amp_dtype": "auto", "amp_level": "mixed", "amp_master_weights": True,
+               "memory_format": "preserve"}
+    mixed = {**float32, "amp_enabled": True, "amp_dtype": "bfloat16"}
+    rows = [("float32 (AMP off)", "float32", "0.97", "339.0", "0", ""),
+            ("AMP on, amp_dtype='auto'", "bfloat16 (mixed)", "0.97", "879.0", "0", "")]
+    result = AutotuneResult(mixed, source="measured", table=table_of([float32, mixed], [[0.0371], [0.0026]]),
+                            check="epoch 1: its steps took 31.1 ms, 12.15x the 2.6 ms measured; the next fit "
+                                  "measures again")
+    verdict = _verdict(SimpleNamespace(amp_autotune_=result), "cpu", rows)
+    assert verdict.startswith("In this run, AMP does not pay off: bfloat16 (mixed) took 2.59x float32's median "
+                              "epoch time (879.0 ms against 339.0 ms, the table's figures).")
+    assert "pays off:" not in verdict.replace("does not pay off:", "")
+    assert ("amp_enabled='auto' measured 0.07x float32's step time in its fit's first steps and trains in bfloat16 "
+            "mixed, which this table's epochs do not bear out") in verdict
+    assert verdict.endswith("Its epoch check found the chosen setting slower than measured: the stored choice was "
+                            "dropped, and the next fit measures again.")
+    # a stored choice: the way to measure again is one the user has (the demo has no cache option)
+    stored = AutotuneResult(mixed, source="cache", cache="read from /c/auto-1.json")
+    verdict = _verdict(SimpleNamespace(amp_autotune_=stored), "cpu", [rows[0], rows[1][:3] + ("100.0",) + rows[1][4:]])
+    assert verdict.startswith("In this run, AMP pays off: bfloat16 (mixed) took 0.29x")
+    assert "to measure again: `python -m ampnet cache --clear`" in verdict and "amp_autotune__cache" not in verdict
+    assert "do not bear out" not in verdict
+
+
+def test_a_resumed_records_note_keeps_the_file_argument_as_written():
+    from ampnet.auto import AutotuneResult
+
+    result = AutotuneResult({"amp_enabled": False}, source="checkpoint", note="f_params='run/params.pt'")
+    assert str(result).splitlines()[-1] == "f_params='run/params.pt'."
+    assert AutotuneResult({"amp_enabled": False}, note="this fit has 8 steps").__str__().endswith(
+        "\nThis fit has 8 steps.")

@@ -339,3 +339,48 @@ def test_the_comparison_table_is_text(page):
     assert not symbols, symbols
     cells = [c.strip() for r in table for c in r.split("|")[2:-1]]
     assert all(c.split(" ")[0] in ("yes", "no", "partly", "n/a") for c in cells), cells
+
+
+# ---- what a new user tripped on (issue 38, item 19) ---------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["README.md", "docs/getting_started.md"])
+def test_the_quickstarts_auto_example_says_when_it_measures_and_when_pinning_is_bitwise(path):
+    text = (ROOT / path).read_text(encoding="utf-8")
+    block = text[text.index("## Quickstart"):]
+    block = block[:block.index("```\n", block.index("```python") + 1)]
+    comments = " ".join(line.split("#", 1)[1].strip() for line in block.splitlines() if "  # " in line)
+    # the example's fit may be short: the comment says a fit measures only with 64 steps or more
+    assert "measured in the fit's first steps when the fit has 64 steps or more" in comments
+    assert "trains bitwise the same" not in comments.replace("when it trains bitwise the same", "")
+    # and the text says when the pinned net trains bitwise the same
+    assert "with the same seed, trains bitwise like the pinned net" in " ".join(text.split())
+    assert "(a fit that measured does not: its first steps alternate between the two precisions)" in " ".join(text.split())
+
+
+@pytest.mark.parametrize("page", ["index", "user_guide/performance"])
+def test_the_top_figure_names_its_machine(page):
+    alt = next(line for line in read(page).splitlines() if line.startswith(":alt: Epoch time per contender"))
+    assert "2-core Intel Xeon with AVX512-BF16 and AMX" in alt and "0.3" in alt
+    tool = load_tool("benchmark_figure")
+    assert "2-core Intel Xeon\nwith AVX512-BF16 and AMX" in tool.TITLE  # the figure's own title
+
+
+def test_the_index_figure_claim_names_its_machine():
+    text = " ".join(read("index").split())
+    assert "1.45x faster than the fastest peer (0.3, on a 2-core Intel Xeon with AVX512-BF16 and AMX" in text
+
+
+def test_the_no_bf16_chart_is_captioned_with_what_its_labels_omit():
+    text = " ".join(read("user_guide/performance").split())
+    chart = text[text.index("benchmark-no-bf16.png"):]
+    assert "**no native bf16**" in chart[:900] and "`ampnet-auto` is `amp_enabled=\"auto\"` as **0.3's probe**" in chart
+    assert "0.3's probe (labelled ampnet-auto)" in chart[:400]  # the alt text
+
+
+def test_the_every_workload_label_and_its_machine_line_agree():
+    text = read("user_guide/performance")
+    label = next(line for line in text.splitlines() if line.startswith("## Every workload"))
+    machine = next(line for line in text.splitlines() if line.startswith("Measured on Intel(R) Xeon(R)"))
+    assert "commit ee93853" in label and "(commit ee93853)" in machine and "ampnet 0.3.0" in machine
+    assert 'The line above says "ampnet 0.3.0" because that was the version string the code still carried' in text

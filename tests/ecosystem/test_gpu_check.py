@@ -113,7 +113,10 @@ def test_the_check_plan_fits_the_slot():
     plan = CheckPlan()
     assert plan.device == "cuda" and plan.rounds == 2 and not plan.dry_run
     assert plan.budget_s <= 8 * 60 - 30  # 8 minutes on one H100, with room to start and write
-    assert set(plan.workloads) == {"mlp", "cnn", "transformer", "resnet", "rnn"}
+    # the GPU workloads and the overhead workload first, the CPU-sized model workloads last
+    assert plan.workloads == ("resnet50", "encoder", "decoder", "overhead", "mlp", "cnn", "transformer", "resnet",
+                              "rnn")
+    assert plan.gpu_step_s * 3 < plan.budget_s
     assert CHECK_DTYPES == ("bfloat16", "float16")
     assert {"raw-fp32", "raw-amp-fused", "ampnet-mixed", "ampnet-auto", "ampnet-pure-comp", "lightning",
             "skorch-accelerate"} <= set(plan.contenders)
@@ -124,6 +127,77 @@ def test_the_check_plan_fits_the_slot():
     full = check._benchmark_command(plan, "transformer", "float16", Path("out"))
     assert full[full.index("--device") + 1] == "cuda" and full[full.index("--rounds") + 1] == "2"
     assert int(full[full.index("--n-samples") + 1]) == 4 * 32  # 4x the CPU rows per epoch
+
+
+def test_each_step_runs_its_workloads_contenders():
+    plan = CheckPlan()
+    gpu = ("raw-careful-fp32", "raw-careful-tf32", "raw-careful", "raw-careful-aa", "ampnet-mixed", "ampnet-auto")
+    assert check.step_contenders(plan, "resnet50") == gpu  # float8: the encoder and the decoder only
+    assert check.step_contenders(plan, "encoder") == check.step_contenders(plan, "decoder") == (*gpu, "ampnet-float8")
+    overhead = check.step_contenders(plan, "overhead")
+    assert overhead[:4] == ("raw-careful", "raw-careful-aa", "raw-careful-fp32", "raw-careful-tf32")
+    assert {"raw-item-fp32", "raw-item-amp", "skorch-fp32", "ampnet-fp32", "ampnet-mixed", "ampnet-auto"} <= set(overhead)
+    assert "raw-careful-tf32" not in check.step_contenders(CheckPlan.dry(), "overhead")  # TF32: CUDA only
+    assert check.step_contenders(plan, "mlp") == plan.contenders
+    command = check._benchmark_command(plan, "overhead", "bfloat16", Path("out"))
+    assert command[command.index("--optimizer") + 1] == "sgd" and "--n-samples" not in command
+    command = check._benchmark_command(plan, "decoder", "bfloat16", Path("out"))
+    assert command[command.index("--optimizer") + 1] == "adamw" and "--n-samples" not in command
+    assert command[command.index("--contenders") + 1].split(",") == [*gpu, "ampnet-float8"]
+
+
+def _in_process(command, timeout):
+    """Run a benchmark step's command (``python -m ampnet_bench ...``) in this process."""
+    assert command[1:3] == ["-m", "ampnet_bench"]
+    returncode = cli.main(command[3:])
+    return subprocess.CompletedProcess(command, returncode, "", "")
+
+
+def test_dry_run_of_the_gpu_workloads_and_the_overhead_workload(tmp_path, monkeypatch):
+    # the check's steps for the GPU workloads and the overhead workload at quick sizes on the CPU, each
+    # benchmark step run in this process (the seam of run_check) to keep the test fast
+    monkeypatch.setattr(check, "describe_machine", lambda: _machine())
+    plan = CheckPlan.dry(workloads=("overhead", "decoder", "encoder", "resnet50"), rounds=1, pytest_paths=(),
+                         budget_s=600.0)
+    result = check.run_check(plan, tmp_path / "r.md", log=lambda msg: None, run_command=_in_process)
+    text = (tmp_path / "r.md").read_text()
+    assert result["ok"], result["steps"]
+    # the order: the GPU workloads (in their order, whatever the plan's), the overhead workload, the syncs, pytest
+    assert [s["name"] for s in result["steps"]] == [
+        "benchmark resnet50 bfloat16", "benchmark encoder bfloat16", "benchmark decoder bfloat16",
+        "benchmark overhead bfloat16", "host syncs", "pytest -m gpu"]
+    assert result["steps"][-1]["status"] == "skipped: no tests folder next to ampnet_bench"
+    # the targets come first, every one "not measured" in a dry run, with the figure it would be judged on
+    assert text.index("## Targets (issue 37)") < text.index("## Machine")
+    targets = _table(_section(text, "Targets (issue 37)"))
+    assert [r[0] for r in targets] == ["resnet50", "encoder", "decoder", "resnet50", "encoder", "resnet50",
+                                       "encoder", "syncs", "overhead", "overhead", "overhead"]
+    assert {r[4] for r in targets} == {"not measured"}
+    assert re.fullmatch(r"dry run on the CPU at quick sizes \([\d.]+ \(rounds [\d.]+-[\d.]+; A/A spread [\d.]+%\)\)",
+                        targets[0][3]), targets[0]
+    assert targets[7][3] == "not measured: n/a on CPU"
+    assert re.fullmatch(r"dry run on the CPU at quick sizes \(chose .+ \(1/1 rounds\)\)", targets[5][3])
+    # each GPU workload's table: float32 IEEE and TF32 labelled, TF32 and float8 skipped with their reasons
+    bench = _section(text, "Benchmark")
+    for workload in ("resnet50", "encoder", "decoder"):
+        start = bench.index(f"### {workload}, bfloat16")
+        rows = {r[0]: r for r in _table(bench[start:start + 20])}
+        assert float(rows["raw-careful"][3]) == 1.0  # x careful loop
+        for key in ("raw-careful-fp32", "raw-careful-aa", "ampnet-mixed", "ampnet-auto"):
+            assert float(rows[key][1]) > 0, (workload, key)
+        assert rows["raw-careful-tf32"][1] == "not available: skipped: TF32 is a CUDA setting (this run: the CPU)"
+        if workload == "resnet50":
+            assert "ampnet-float8" not in rows
+        else:
+            assert rows["ampnet-float8"][1] == ("not available: skipped: float8 needs a CUDA device of compute "
+                                                "capability >= 8.9 (this run: the CPU)")
+    start = bench.index("### overhead, bfloat16")
+    overhead = {r[0]: r for r in _table(bench[start:start + 20])}
+    assert set(overhead) == {"raw-careful", "raw-careful-aa", "raw-careful-fp32", "raw-item-fp32", "raw-item-amp",
+                             "skorch-fp32", "ampnet-fp32", "ampnet-mixed", "ampnet-auto"}
+    assert "x careful loop" in bench[start + 4]
+    auto = {r[0]: r[1] for r in _table(_section(text, "What amp_enabled='auto' chose"))}
+    assert set(auto) == {"resnet50", "encoder", "decoder", "overhead"} and "1/1 rounds" in auto["decoder"]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
@@ -161,6 +235,63 @@ def _machine():
             "gpu": {"name": "NVIDIA H100", "capability": [9, 0], "count": 1, "cuda": "12.8"},
             "python": "3.11", "torch": "2.13", "skorch": "1.4", "ampnet": "0.3", "ampnet_commit": None,
             "malloc_env": {}, "load_average_at_start": [0.1, 0.1, 0.1], "date_utc": "now"}
+
+
+def _step(workload, comparisons, auto_amp=None, status="ok"):
+    """A benchmark step's entry as run_check records it, with the given comparison medians."""
+    if status != "ok":
+        return {"workload": workload, "dtype": "bfloat16", "status": status, "error": None, "result": None,
+                "seconds": 0.0}
+    contenders = []
+    if auto_amp is not None:
+        chosen = "bfloat16 mixed" if auto_amp else "float32 (AMP off)"
+        contenders.append({"key": "ampnet-auto", "available": False, "error": "figures left out",
+                           "auto_choice": {"chosen": chosen, "params": {"amp_enabled": auto_amp},
+                                           "rounds": 2, "per_round": [chosen, chosen]}})
+    comps = [{"key": k, "label": k, "median": v, "min": v * 0.99, "max": v * 1.01, "verdict": "differs"}
+             for k, v in comparisons.items()]
+    return {"workload": workload, "dtype": "bfloat16", "status": "ok", "error": None, "seconds": 1.0,
+            "command": "python -m ampnet_bench", "result": {
+                "title": workload, "batch_size": 1, "n_samples": 1, "reference": "raw-careful",
+                "contenders": contenders, "comparisons": comps, "aa_control": {"a": "a", "b": "b", "spread": 0.02}}}
+
+
+def test_targets_are_judged_met_not_met_or_not_measured_with_their_figures():
+    from ampnet_bench.check_report import check_targets
+
+    benchmarks = [
+        _step("resnet50", {"ampnet_mixed_vs_careful": 1.02, "ampnet_mixed_vs_careful_ieee": 1.4}, auto_amp=True),
+        _step("encoder", {}, status="timed out"),
+        _step("decoder", {"ampnet_mixed_vs_careful": 1.08}),
+        _step("overhead", {"ampnet_mixed_vs_careful": 1.2, "ampnet_mixed_vs_skorch": 1.1,
+                           "ampnet_fp32_vs_skorch": 0.9}),
+    ]
+    syncs = [{"label": "careful", "contender": "raw-careful", "dtype": "bfloat16", "per_step": 0.0, "fixed": 3.0,
+              "sources": [], "error": None},
+             {"label": "AmpNet", "contender": "ampnet-mixed", "dtype": "bfloat16", "per_step": 0.0, "fixed": 9.0,
+              "sources": [], "error": None}]
+    result = {"plan": {**dataclasses.asdict(CheckPlan()), "pytest_paths": []}, "machine": _machine(),
+              "pytest": None, "syncs": syncs, "benchmarks": benchmarks, "steps": [], "elapsed_s": 1.0, "ok": False}
+    rows = {(r["workload"], r["what"].split(" ")[0], r["target"]): r for r in check_targets(result)}
+    assert rows[("resnet50", "AmpNet", "<= 1.03")]["status"] == "met"
+    assert rows[("resnet50", "AmpNet", "<= 1.03")]["measured"] == "1.020 (rounds 1.010-1.030; A/A spread 2.0%)"
+    assert rows[("resnet50", "AMP", ">= 1.5")]["status"] == "not met"
+    assert rows[("resnet50", "amp_enabled='auto'", "picks AMP")]["status"] == "met"
+    assert rows[("resnet50", "amp_enabled='auto'", "picks AMP")]["measured"] == "chose bfloat16 mixed (2/2 rounds)"
+    assert rows[("encoder", "AmpNet", "<= 1.03")] == {**rows[("encoder", "AmpNet", "<= 1.03")],
+                                                       "status": "not measured", "measured": "not measured: timed out"}
+    assert rows[("decoder", "AmpNet", "<= 1.03")]["status"] == "not met"
+    syncs_row = rows[("syncs", "AmpNet", "0 per step")]
+    assert syncs_row["status"] == "met" and syncs_row["measured"] == "0.00 per step; the careful loop: 0.00"
+    assert rows[("overhead", "AmpNet", "<= 1.1")]["status"] == "not met"
+    assert rows[("overhead", "AmpNet", "> 1")]["status"] == "met"
+    assert rows[("overhead", "AmpNet", "< 1")]["status"] == "met"
+    syncs[1]["per_step"] = 1.0  # a read per step: not met
+    assert {r["workload"]: r["status"] for r in check_targets(result)}["syncs"] == "not met"
+    text = render_report(result)
+    targets = _table(_section(text, "Targets (issue 37)"))
+    assert ["decoder", "AmpNet default (bf16) time / the careful loop's (the best hand-written loop)", "<= 1.03",
+            "1.080 (rounds 1.069-1.091; A/A spread 2.0%)", "**not met**"] in targets
 
 
 def test_report_on_cuda_shows_the_sync_counts():
