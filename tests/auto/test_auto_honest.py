@@ -99,7 +99,7 @@ class Seen(Callback):
 
     def on_grad_computed(self, net, named_parameters, **kwargs):
         d = net.optimizer_.defaults
-        self.steps.append((net.precision_.float32_step, net.precision_.scaling, d.get("fused"), d.get("foreach")))
+        self.steps.append((net.amp_step_state_.float32_step, net.precision_.scaling, d.get("fused"), d.get("foreach")))
 
 
 def test_a_float32_trial_step_runs_with_float32s_kernel_and_no_scaling(data, native_bf16, monkeypatch):

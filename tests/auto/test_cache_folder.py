@@ -24,7 +24,7 @@ class Timer:
 
 def fit(data, **extra):
     torch.manual_seed(0)
-    kw = dict(module=Logits, criterion=torch.nn.CrossEntropyLoss, max_epochs=1, batch_size=16, train_split=None,
+    kw = dict(module=Logits, criterion=torch.nn.CrossEntropyLoss, max_epochs=2, batch_size=16, train_split=None,
               verbose=0, amp_enabled="auto", amp_autotune__min_steps=0, amp_autotune__timer=Timer())
     kw.update(extra)
     return AmpNetClassifier(**kw).fit(*data)

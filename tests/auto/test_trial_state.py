@@ -55,7 +55,7 @@ def test_a_copy_taken_in_a_float32_trial_step_predicts_with_autocast(classifier_
         Recorder, criterion=torch.nn.CrossEntropyLoss, amp_enabled="auto", amp_autotune__min_steps=0,
         amp_autotune__cache=False,
         amp_autotune__timer=mixed_faster,
-        max_epochs=1, batch_size=16, train_split=None, verbose=0, callbacks=[grab],
+        max_epochs=2, batch_size=16, train_split=None, verbose=0, callbacks=[grab],  # 8 steps: 3 timed pairs
     ).fit(X, y)
     assert grab.float32_steps[:2] == [True, False]  # the trial alternates, float32 first
     assert len(grab.copies) == 2
