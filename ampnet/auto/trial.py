@@ -49,6 +49,9 @@ DRIFT = 0.25
 #: Steps shorter than this are not judged by the watch on time: their time is Python's overhead and its noise.
 JUDGED_S = 0.002
 
+#: The most steps of an epoch the watch reads (its latest).
+WATCHED = 256
+
 #: The share of an epoch's steps that, skipped, makes the chosen setting unhealthy.
 UNHEALTHY = 0.5
 
@@ -214,6 +217,12 @@ class Trial:
     def decided(self) -> bool:
         return self.chosen is not None
 
+    def __getstate__(self) -> dict[str, Any]:
+        # readings in flight (CUDA events) do not pickle: a copy starts its watch afresh
+        state = dict(self.__dict__)
+        state.update(watched=[], _pending=[], _mark=None)
+        return state
+
     def run(self, net: Any, step: Callable[..., dict], batch: Any, **fit_params: Any) -> dict:
         """One micro-batch through ``step`` (:func:`ampnet.training.step.train_step`),
         in the candidate of its step, timed from its step's first micro-batch
@@ -238,6 +247,8 @@ class Trial:
         if state.micro_batches == 0:  # the step ended
             reading = self.clock.stop(self._mark)
             if self.decided:
+                if len(self.watched) >= WATCHED:  # the epoch's latest steps, a bounded number
+                    self.watched.pop(0)
                 self.watched.append(reading)
             else:
                 self._end_step(net, self._current, reading)

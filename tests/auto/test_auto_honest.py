@@ -328,3 +328,14 @@ def test_cuda_events_time_the_trial_and_the_watch(data, auto_cache_dir):
     result = net.amp_autotune_
     assert isinstance(net.amp_step_state_.trial.clock, EventClock)
     assert result.source == "measured" and result.check.startswith("epoch 3:")
+
+
+def test_a_trial_pickles_without_its_readings_in_flight():
+    """CUDA events do not pickle: a copy of a net taken mid-epoch (or after its fit) leaves them behind."""
+    import pickle
+
+    trial = Trial(CANDIDATES, 0.05, 6, 1, torch.device("cpu"), chosen=1, predicted_s=0.005)
+    trial.watched, trial._mark, trial._pending = [lambda: None], lambda: None, [(0, lambda: None)]
+    copy = pickle.loads(pickle.dumps(trial))
+    assert copy.watched == [] and copy._mark is None and copy._pending == [] and copy.chosen == 1
+    assert len(trial.watched) == 1  # the original keeps its own
