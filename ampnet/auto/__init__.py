@@ -239,6 +239,8 @@ def _settle(net: Any, trial: Trial, store: bool = True) -> None:
     elif trial.key is not None and not store:
         result.cache = (f"not stored in {trial.folder}: the fit ended before the measurement did, so the next "
                         "fit measures")
+    elif trial.key is not None and not trial.measured:
+        result.cache = f"not stored in {trial.folder}: the measurement did not decide, so the next fit measures"
     if net.verbose:
         print(result, flush=True)
 
@@ -255,7 +257,7 @@ def end_epoch(net: Any) -> None:
     finding = trial.end_epoch(len(net.history), rows=list(row.get("batches", ())), loss=row.get("train_loss"))
     if finding:
         result.check = finding + "; the next fit measures again"
-        if trial.key is not None:
+        if trial.key is not None and (trial.measured or result.source == "cache"):  # an entry was stored
             cache.forget_entry(trial.key, trial.folder)
             result.cache = (f"not kept in {cache.entry_path(trial.key, trial.folder)}: the check dropped the "
                             "stored choice")

@@ -49,6 +49,12 @@ DRIFT = 0.25
 #: Steps shorter than this are not judged by the watch on time: their time is Python's overhead and its noise.
 JUDGED_S = 0.002
 
+#: Skipped steps in a row after which a candidate's turn passes to the other one.
+RETRIES = 3
+
+#: A measurement gives up after this many times the steps a full one takes.
+LONGEST = 2
+
 #: The most steps of an epoch the watch reads (its latest).
 WATCHED = 256
 
@@ -208,6 +214,7 @@ class Trial:
         self._pending: list[tuple[int, Any]] = []  # (candidate, reading) of ended steps not yet read
         self._runs = [0 for _ in candidates]  # the steps each candidate applied (not skipped)
         self._turn = 0  # the candidate of the next measured step
+        self._retries = 0  # skipped steps in a row
         self._nonfinite = [False for _ in candidates]  # a step's loss went non-finite, per candidate
         self._float32_time: float | None = None  # the float32 step waiting for its mixed step
         self._kept: list[tuple[torch.optim.Optimizer, dict[str, Any]]] = []  # kernels of a float32 step
@@ -295,13 +302,26 @@ class Trial:
             self.reason = "a mixed step's loss went non-finite (NaN/inf) where float32's steps' had not"
             return
         if row.get("step_skipped") is True:  # no optimizer step: no sample, and the candidate runs again
+            self._retries += 1
+            if self._retries >= RETRIES and len(self.candidates) > 1:  # but not for ever: the other's turn
+                self._turn, self._retries = 1 - index, 0
+            self._give_up()
             return
+        self._retries = 0
         self._runs[index] += 1
         self._turn = 1 - index if len(self.candidates) > 1 else 0
         if self._runs[index] <= self.warmup:
             return
         self._pending.append((index, reading))
         self._take_readings(wait=False)
+        self._give_up()
+
+    def _give_up(self) -> None:
+        """A measurement that has not decided after :data:`LONGEST` times
+        the steps a full one takes (its steps skipped) decides with what it
+        has, as a fit's end does: nothing of it is stored."""
+        if not self.decided and len(self.log) >= LONGEST * 2 * (self.warmup + self.pairs):
+            self.finish("the measurement's steps kept being skipped")
 
     def _take_readings(self, wait: bool) -> None:
         """Turn the ended steps' readings into timed steps and pairs (those
@@ -331,9 +351,9 @@ class Trial:
         """Each timed pair's mixed step time over its float32 step's."""
         return [a / f for f, a in zip(self.times[0], self.times[1]) if f > 0]
 
-    def finish(self) -> None:
-        """Decide with what was measured, where the fit ended first (its
-        choice is this fit's only: ``measured`` stays False)."""
+    def finish(self, cause: str = "the fit ended before the measurement did") -> None:
+        """Decide with what was measured, where the measurement could not
+        end (``cause``): its choice is this fit's only (``measured`` stays False)."""
         self._take_readings(wait=True)
         if not self.decided:
             ratios = self.ratios()
@@ -341,9 +361,9 @@ class Trial:
                 median = statistics.median(ratios)
                 self.chosen = 1 if median < 1 - self.margin else 0
                 self.reason = (f"mixed took {median:.2f}x float32's step time (median of {len(ratios)} timed "
-                               "pair{}: the fit ended before the measurement)".format("s" if len(ratios) != 1 else ""))
+                               f"pair{'s' if len(ratios) != 1 else ''}: {cause})")
             else:
-                self.chosen, self.reason = 0, "the fit ended before a timed pair: float32 kept"
+                self.chosen, self.reason = 0, f"{cause}, before a timed pair: float32 kept"
 
     def step_s(self, index: int) -> float | None:
         """A candidate's median timed step, in seconds."""

@@ -220,6 +220,10 @@ def test_a_non_finite_loss_in_both_settings_does_not_blame_mixed(data, native_bf
     result = net.amp_autotune_
     assert "non-finite" not in (result.note or "")
     assert list(auto_cache_dir.iterdir()) == []  # nothing timed: nothing stored
+    # each setting runs again after a skipped step, 3 times at most, then the other's turn
+    f32, mixed = "float32 (AMP off)", "bfloat16 mixed"
+    assert result.steps_run[:6] == [f32] * 3 + [mixed] * 3
+    assert "not stored" in result.cache
 
 
 def test_a_mixed_only_non_finite_loss_chooses_float32(data, native_bf16):
@@ -339,3 +343,14 @@ def test_a_trial_pickles_without_its_readings_in_flight():
     copy = pickle.loads(pickle.dumps(trial))
     assert copy.watched == [] and copy._mark is None and copy._pending == [] and copy.chosen == 1
     assert len(trial.watched) == 1  # the original keeps its own
+
+
+def test_a_measurement_whose_steps_keep_being_skipped_gives_up_and_stores_nothing(data, native_bf16, auto_cache_dir):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", AmpWarning)  # the skipped steps' and the loss's own warnings
+        net = fit(data, max_epochs=8, module__bad_calls=set(range(1, 100)), amp_autotune__timer=Timer(mixed=0.5))
+    result = net.amp_autotune_
+    assert len(result.steps_run) == 28  # 2 x (warm-up + 6 pairs) x 2: then it stops measuring
+    assert result.note == "the measurement's steps kept being skipped, before a timed pair: float32 kept"
+    assert result.cache.startswith("not stored in ") and "the measurement did not decide" in result.cache
+    assert list(auto_cache_dir.iterdir()) == []
