@@ -268,6 +268,7 @@ def end_fit(net: Any) -> None:
     interruption) decides with what it has for this net, and stores nothing."""
     trial = getattr(net.__dict__.get("amp_step_state_"), "trial", None)
     if trial is not None and not trial.decided:
+        trial._mixed_setting(net)  # a fit interrupted between a float32 step's micro-batches
         trial.finish()
         _settle(net, trial, store=False)
 

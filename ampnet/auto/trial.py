@@ -247,10 +247,13 @@ class Trial:
         state.float32_step = float32  # the fit's state, not the component's
         try:
             out = step(net, batch, **fit_params)
-        finally:
+        except BaseException:  # the step failed: mixed precision's setting back, whatever the micro-batch
             state.float32_step = False
-            if state.micro_batches == 0 and float32:  # the step ended (or failed): mixed precision's setting back
-                self._mixed_setting(net)
+            self._mixed_setting(net)
+            raise
+        state.float32_step = False
+        if state.micro_batches == 0 and float32:  # the step ended: mixed precision's setting back
+            self._mixed_setting(net)
         if state.micro_batches == 0:  # the step ended
             reading = self.clock.stop(self._mark)
             if self.decided:
@@ -282,7 +285,8 @@ class Trial:
             self._scaler, prec.scaler = prec.scaler, GradScaler(str(self.device.type), enabled=False)
 
     def _mixed_setting(self, net: Any) -> None:
-        """Mixed precision's kernels and loss scaler back after a float32 step."""
+        """Mixed precision's kernels and loss scaler back after a float32 step
+        (also where the fit ended inside one: nothing to do after it)."""
         for optimizer, kernels in self._kept:
             set_kernels(optimizer, kernels)
         self._kept = []

@@ -127,6 +127,30 @@ def test_a_float32_trial_step_runs_with_float32s_kernel_and_no_scaling(data, nat
     assert (net.optimizer_.defaults.get("fused"), net.optimizer_.defaults.get("foreach")) == float32_kernel
 
 
+class Raising(Logits):
+    """Raises in its third training forward pass: the trial's second float32 step."""
+
+    def forward(self, X):
+        if self.training and self.calls == 2:
+            raise RuntimeError("the data loader broke")
+        return super().forward(X)
+
+
+def test_a_float32_step_that_fails_gives_mixed_precision_its_setting_back(data, native_bf16, monkeypatch):
+    import ampnet.auto
+
+    real = ampnet.auto.candidate_params
+    monkeypatch.setattr(ampnet.auto, "candidate_params",
+                        lambda net: ([real(net)[0][0], {**real(net)[0][1], "amp_dtype": "float16"}], None))
+    net = AmpNetClassifier(**kw(module=Raising, amp_autotune__timer=Timer()))
+    with pytest.raises(RuntimeError, match="the data loader broke"):
+        net.fit(*data)
+    pinned16 = fit(data, **{**BF16_MIXED, "amp_dtype": "float16"})
+    assert net.precision_.scaling and net.precision_.scaler is not None
+    for key in ("fused", "foreach"):
+        assert net.optimizer_.defaults.get(key) == pinned16.optimizer_.defaults.get(key)
+
+
 # ---- item 3: a skipped step is never a timed sample -------------------------------------------
 
 
