@@ -243,9 +243,6 @@ class Trial:
             if not self.decided and self._current == 0:
                 self._float32_setting(net)
             self._mark = self.clock.start()
-        elif self._mark is None or self._current is None:  # a copy that left its readings behind, mid-step
-            self._current = self.chosen if self.decided else self._next()
-            self._mark = self.clock.start()
         float32 = not self.decided and self._current == 0
         state.float32_step = float32  # the fit's state, not the component's
         try:

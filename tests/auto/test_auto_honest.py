@@ -7,7 +7,6 @@ the clock seam that CUDA events use (9). Explicit timers and clocks: nothing
 here depends on this machine's speed."""
 
 import json
-import pickle
 import os
 import time
 import warnings
@@ -380,23 +379,3 @@ def test_a_measurement_whose_steps_keep_being_skipped_gives_up_and_stores_nothin
     assert result.cache.startswith("not stored in ") and "the measurement did not decide" in result.cache
     assert list(auto_cache_dir.iterdir()) == []
 
-
-class CopyMidStep(Callback):
-    """A pickle of the net after the first micro-batch of a step of 2 (mid-measurement)."""
-
-    def initialize(self):
-        self.copy = None
-        return self
-
-    def on_batch_end(self, net, training=False, **kwargs):
-        if training and self.copy is None and net.amp_step_state_.micro_batches == 1:
-            self.copy = pickle.dumps(net)
-
-
-def test_a_copy_taken_mid_step_trains_on(data, native_bf16):
-    grab = CopyMidStep()
-    fit(data, gradient_accumulation_steps=2, max_epochs=6, callbacks=[grab], amp_autotune__timer=Timer(mixed=0.5))
-    copy = pickle.loads(grab.copy)
-    assert copy.amp_step_state_.micro_batches == 1 and copy.amp_step_state_.trial._mark is None
-    copy.partial_fit(*data)  # the step it was in the middle of ends, timed from here
-    assert copy.amp_autotune_.params == BF16_MIXED
