@@ -48,22 +48,22 @@ def mixed_faster(params: dict, seconds: float) -> float:
 
 
 def test_a_copy_taken_in_a_float32_trial_step_predicts_with_autocast(classifier_data):
-    X, y = classifier_data[0][:64], classifier_data[1][:64]
+    X, y = classifier_data  # 16 steps at batch 8: enough for the trial to measure
     grab = CopyInFloat32Step()
     torch.manual_seed(0)
     net = AmpNetClassifier(
         Recorder, criterion=torch.nn.CrossEntropyLoss, amp_enabled="auto", amp_autotune__min_steps=0,
         amp_autotune__cache=False,
         amp_autotune__timer=mixed_faster,
-        max_epochs=2, batch_size=16, train_split=None, verbose=0, callbacks=[grab],  # 8 steps: 3 timed pairs
+        max_epochs=1, batch_size=8, train_split=None, verbose=0, callbacks=[grab],
     ).fit(X, y)
     assert grab.float32_steps[:2] == [True, False]  # the trial alternates, float32 first
     assert len(grab.copies) == 2
     for clone in grab.copies:
         clone.module_.autocast.clear()
-        proba = clone.predict_proba(X[:16])
+        proba = clone.predict_proba(X[:8])
         assert clone.module_.autocast == [True]  # the net's mixed precision, autocast on
         assert proba.dtype.name == "float32"
     net.module_.autocast.clear()
-    net.predict_proba(X[:16])
+    net.predict_proba(X[:8])
     assert net.module_.autocast == [True]  # the fitted net too

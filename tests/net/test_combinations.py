@@ -52,9 +52,9 @@ class FixedTimer:
 #: name -> (net keyword arguments, module kind: "mlp" or "conv")
 SETTINGS = {
     "off": ({}, "mlp"),
+    # batch 4: 8 steps or more a fit, enough for 'auto' to time its three pairs at least
     "auto-enabled": (dict(amp_enabled="auto", amp_autotune__warmup=0, amp_autotune__cache=False,
-                          amp_autotune__min_steps=0, amp_autotune__steps=1,  # one pair: these fits are short
-                          amp_autotune__timer=FixedTimer()), "mlp"),
+                          amp_autotune__min_steps=0, amp_autotune__timer=FixedTimer(), batch_size=4), "mlp"),
     "bf16-mixed": (BF16, "mlp"),
     "fp16-mixed": (FP16, "mlp"),
     "bf16-pure-masters": (dict(BF16, amp_level="pure"), "mlp"),
