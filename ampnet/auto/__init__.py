@@ -116,7 +116,7 @@ def _resolve_enabled(net: Any, X: Any, y: Any, saved: Any, source: str | None, e
                                            key=key, folder=folder)
         return None
     steps = _fit_steps(net, X, y, epochs, **fit_params)
-    needed = max(2 * (settings["warmup"] + MIN_PAIRS), settings["min_steps"])
+    needed = max(2 * (settings["warmup"] + min(MIN_PAIRS, settings["steps"])), settings["min_steps"])
     if steps is not None and steps < needed:
         # the machine and the model decide, never what other models stored
         params, why = device_choice(candidates, device, cache.machine(device))
@@ -244,6 +244,8 @@ def _settle(net: Any, trial: Trial, store: bool = True) -> None:
     elif trial.key is not None and not store:
         result.cache = (f"not stored in {trial.folder}: the fit ended before the measurement did, so the next "
                         "fit measures")
+    elif trial.key is not None and not trial.measured:
+        result.cache = f"not stored in {trial.folder}: the measurement did not decide, so the next fit measures"
     if net.verbose:
         print(result, flush=True)
 
@@ -260,7 +262,7 @@ def end_epoch(net: Any) -> None:
     finding = trial.end_epoch(len(net.history), rows=list(row.get("batches", ())), loss=row.get("train_loss"))
     if finding:
         result.check = finding + "; the next fit measures again"
-        if trial.key is not None:
+        if trial.key is not None and (trial.measured or result.source == "cache"):  # an entry was stored
             cache.forget_entry(trial.key, trial.folder)
             result.cache = (f"not kept in {cache.entry_path(trial.key, trial.folder)}: the check dropped the "
                             "stored choice")
@@ -271,6 +273,7 @@ def end_fit(net: Any) -> None:
     interruption) decides with what it has for this net, and stores nothing."""
     trial = getattr(net.__dict__.get("amp_step_state_"), "trial", None)
     if trial is not None and not trial.decided:
+        trial._mixed_setting(net)  # a fit interrupted between a float32 step's micro-batches
         trial.finish()
         _settle(net, trial, store=False)
 

@@ -72,8 +72,8 @@ class AutotuneResult:
       The precision of each measured step of the fit, in order (the first
       ``len(steps_run)`` steps); every later step ran in the choice.
     cost_s : float
-      What the measurement cost: the time its steps in the setting not
-      chosen took beyond the chosen setting's median step.
+      What the measurement cost: the time its timed steps in the setting
+      not chosen took beyond the chosen setting's median step.
     note : str or None
       Why it chose as it did, in words.
     check : str or None

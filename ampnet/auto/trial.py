@@ -48,6 +48,15 @@ DRIFT = 0.25
 #: Steps shorter than this are not judged by the watch on time: their time is Python's overhead and its noise.
 JUDGED_S = 0.002
 
+#: Skipped steps in a row after which a candidate's turn passes to the other one.
+RETRIES = 3
+
+#: A measurement gives up after this many times the steps a full one takes.
+LONGEST = 2
+
+#: The most steps of an epoch the watch reads (its latest).
+WATCHED = 256
+
 #: The share of an epoch's steps that, skipped, makes the chosen setting unhealthy.
 UNHEALTHY = 0.5
 
@@ -204,6 +213,7 @@ class Trial:
         self._pending: list[tuple[int, Any]] = []  # (candidate, reading) of ended steps not yet read
         self._runs = [0 for _ in candidates]  # the steps each candidate applied (not skipped)
         self._turn = 0  # the candidate of the next measured step
+        self._retries = 0  # skipped steps in a row
         self._nonfinite = [False for _ in candidates]  # a step's loss went non-finite, per candidate
         self._float32_time: float | None = None  # the float32 step waiting for its mixed step
         self._kept: list[tuple[torch.optim.Optimizer, dict[str, Any]]] = []  # kernels of a float32 step
@@ -212,6 +222,12 @@ class Trial:
     @property
     def decided(self) -> bool:
         return self.chosen is not None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # readings in flight (CUDA events) do not pickle: a copy starts its watch afresh
+        state = dict(self.__dict__)
+        state.update(watched=[], _pending=[], _mark=None)
+        return state
 
     def run(self, net: Any, step: Callable[..., dict], batch: Any, **fit_params: Any) -> dict:
         """One micro-batch through ``step`` (:func:`ampnet.training.step.train_step`),
@@ -230,13 +246,18 @@ class Trial:
         state.float32_step = float32  # the fit's state, not the component's
         try:
             out = step(net, batch, **fit_params)
-        finally:
+        except BaseException:  # the step failed: mixed precision's setting back, whatever the micro-batch
             state.float32_step = False
-            if state.micro_batches == 0 and float32:  # the step ended (or failed): mixed precision's setting back
-                self._mixed_setting(net)
+            self._mixed_setting(net)
+            raise
+        state.float32_step = False
+        if state.micro_batches == 0 and float32:  # the step ended: mixed precision's setting back
+            self._mixed_setting(net)
         if state.micro_batches == 0:  # the step ended
             reading = self.clock.stop(self._mark)
             if self.decided:
+                if len(self.watched) >= WATCHED:  # the epoch's latest steps, a bounded number
+                    self.watched.pop(0)
                 self.watched.append(reading)
             else:
                 self._end_step(net, self._current, reading)
@@ -263,7 +284,8 @@ class Trial:
             self._scaler, prec.scaler = prec.scaler, GradScaler(str(self.device.type), enabled=False)
 
     def _mixed_setting(self, net: Any) -> None:
-        """Mixed precision's kernels and loss scaler back after a float32 step."""
+        """Mixed precision's kernels and loss scaler back after a float32 step
+        (also where the fit ended inside one: nothing to do after it)."""
         for optimizer, kernels in self._kept:
             set_kernels(optimizer, kernels)
         self._kept = []
@@ -283,13 +305,26 @@ class Trial:
             self.reason = "a mixed step's loss went non-finite (NaN/inf) where float32's steps' had not"
             return
         if row.get("step_skipped") is True:  # no optimizer step: no sample, and the candidate runs again
+            self._retries += 1
+            if self._retries >= RETRIES and len(self.candidates) > 1:  # but not for ever: the other's turn
+                self._turn, self._retries = 1 - index, 0
+            self._give_up()
             return
+        self._retries = 0
         self._runs[index] += 1
         self._turn = 1 - index if len(self.candidates) > 1 else 0
         if self._runs[index] <= self.warmup:
             return
         self._pending.append((index, reading))
         self._take_readings(wait=False)
+        self._give_up()
+
+    def _give_up(self) -> None:
+        """A measurement that has not decided after :data:`LONGEST` times
+        the steps a full one takes (its steps skipped) decides with what it
+        has, as a fit's end does: nothing of it is stored."""
+        if not self.decided and len(self.log) >= LONGEST * 2 * (self.warmup + self.pairs):
+            self.finish("the measurement's steps kept being skipped")
 
     def _take_readings(self, wait: bool) -> None:
         """Turn the ended steps' readings into timed steps and pairs (those
@@ -319,9 +354,9 @@ class Trial:
         """Each timed pair's mixed step time over its float32 step's."""
         return [a / f for f, a in zip(self.times[0], self.times[1]) if f > 0]
 
-    def finish(self) -> None:
-        """Decide with what was measured, where the fit ended first (its
-        choice is this fit's only: ``measured`` stays False)."""
+    def finish(self, cause: str = "the fit ended before the measurement did") -> None:
+        """Decide with what was measured, where the measurement could not
+        end (``cause``): its choice is this fit's only (``measured`` stays False)."""
         self._take_readings(wait=True)
         if not self.decided:
             ratios = self.ratios()
@@ -329,9 +364,9 @@ class Trial:
                 median = statistics.median(ratios)
                 self.chosen = 1 if median < 1 - self.margin else 0
                 self.reason = (f"mixed took {median:.2f}x float32's step time (median of {len(ratios)} timed "
-                               "pair{}: the fit ended before the measurement)".format("s" if len(ratios) != 1 else ""))
+                               f"pair{'s' if len(ratios) != 1 else ''}: {cause})")
             else:
-                self.chosen, self.reason = 0, "the fit ended before a timed pair: float32 kept"
+                self.chosen, self.reason = 0, f"{cause}, before a timed pair: float32 kept"
 
     def step_s(self, index: int) -> float | None:
         """A candidate's median timed step, in seconds."""
