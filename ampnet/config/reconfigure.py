@@ -525,13 +525,15 @@ def _rebuild_optimizers(net: "AmpNetMixin", states: Mapping[str, dict], why: _Wh
     """Build the optimizers afresh for the module's layout (with the kernel
     for it), with skorch's re-init message where ``why`` has one, and carry
     ``states`` over where the parameters line up (else a warning, and that
-    optimizer starts afresh)."""
-    if why.reinit is not None:
-        net._initialize_optimizer(reason=why.reinit)
-    else:
-        with net._current_init_context("optimizer"):
-            net.initialize_optimizer()
-        net.precision_.check_optimizers([(n, getattr(net, n + "_")) for n in net._optimizers])
+    optimizer starts afresh). It calls skorch's public ``initialize_optimizer``
+    (which the net does not override), not the net's ``_initialize_optimizer``,
+    which would climb back up into this module; the callers set the step's
+    closure flag for the new precision."""
+    with net._current_init_context("optimizer"):
+        if why.reinit is not None and net.verbose:
+            print(why.reinit)  # what skorch's _initialize_optimizer prints
+        net.initialize_optimizer()
+    net.precision_.check_optimizers([(n, getattr(net, n + "_")) for n in net._optimizers])
     for name, state in states.items():
         optimizer = getattr(net, name + "_")
         try:
