@@ -69,7 +69,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin, ReportsMixin):
     (:class:`ampnet.auto.AutotuneResult`).
     """
 
-    prefixes_ = NeuralNet.prefixes_ + ["grad_scaler", "amp_autotune"]
+    prefixes_ = NeuralNet.prefixes_ + ["grad_scaler", "amp_autotune", "amp_float8"]
 
     def __init__(
         self,

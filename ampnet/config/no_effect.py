@@ -43,8 +43,12 @@ def _default(net: Any, name: str) -> Any:
 
 
 def is_default(net: Any, name: str) -> bool:
-    """Whether ``net``'s parameter ``name`` holds its ``__init__`` default."""
-    value, default = getattr(net, name), _default(net, name)
+    """Whether ``net``'s parameter ``name`` holds its ``__init__`` default
+    (a prefixed setting, ``amp_float8__recipe``, its table default where not set)."""
+    if "__" in name:
+        value, default = getattr(net, name, PARAMS[name].default), PARAMS[name].default
+    else:
+        value, default = getattr(net, name), _default(net, name)
     if value is default:
         return True
     if name in PARAMS and not isinstance(default, type):
@@ -84,7 +88,7 @@ def ineffective_settings(net: Any) -> list[str]:
         pass
     elif not policy.enabled:
         names = [n for n in amp_only() if not is_default(net, n)]
-        shown = [_setting(n, getattr(net, n)) for n in names]
+        shown = [_setting(n, getattr(net, n, None)) for n in names]
         if shown:
             one = len(shown) == 1
             notes.append(

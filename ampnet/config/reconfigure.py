@@ -69,6 +69,10 @@ def _own_params(net: "AmpNetMixin") -> dict[str, Any]:
     the device and the ``grad_scaler__*`` settings), raw."""
     params = {name: getattr(net, name) for name in [*constructor_defaults(), "device"]}
     params.update({"grad_scaler__" + k: v for k, v in net.get_params_for("grad_scaler").items()})
+    float8 = net.get_params_for("amp_float8")
+    check_names("amp_float8", float8)
+    params.update({name: PARAMS[name].default for name in PARAMS if name.startswith("amp_float8__")})
+    params.update({"amp_float8__" + k: v for k, v in float8.items()})
     return params
 
 
@@ -286,7 +290,7 @@ def _split(kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     # grad_scaler and grad_scaler__* are ampnet's to handle: skorch would
     # treat the "grad_scaler" prefix as a module and refuse it
     own = {k: v for k, v in kwargs.items()
-           if k == "grad_scaler" or k.startswith(("grad_scaler__", "amp_autotune__"))}
+           if k == "grad_scaler" or k.startswith(("grad_scaler__", "amp_autotune__", "amp_float8__"))}
     return own, {k: v for k, v in kwargs.items() if k not in own}
 
 
