@@ -378,6 +378,21 @@ class Precision:
         finally:
             hook.low = False
 
+    @property
+    def name(self) -> str:
+        """How the net computes, for reports (``'bfloat16 (mixed)'``)."""
+        return self.policy.name
+
+    def layer_notes(self, module: torch.nn.Module) -> dict[str, str]:
+        """What this kind does to single layers, by name, for the precision
+        report (none but float8's)."""
+        return {}
+
+    def to_plain(self, module: torch.nn.Module) -> torch.nn.Module:
+        """``module`` (an export's copy) with what this kind put in its
+        structure undone (none but float8's: its ``Float8Linear`` layers)."""
+        return module
+
     def report_dtype(self, requested: Any = None) -> torch.dtype:
         """The low-precision dtype a precision report analyses: ``requested``,
         else the net's, else the device's ``'auto'`` choice."""

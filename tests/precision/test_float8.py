@@ -76,6 +76,9 @@ def test_the_layers_passing_the_filter_run_float8_the_rest_bf16(data):
         n = net(**FLOAT8).fit(*data)
     assert type(n.precision_) is Float8Precision
     assert [type(m) is Float8Linear for m in (n.module_.a, n.module_.b, n.module_.c)] == [False, True, False]
+    assert "i:dyn_ten_e4m3" in str(n.module_.b) and "go:dyn_ten_e5m2" in str(n.module_.b)  # e4m3 forward, e5m2 grads
+    held = {id(p) for group in n.optimizer_.param_groups for p in group["params"]}
+    assert id(n.module_.b.weight) in held and n.module_.b.weight.dtype == torch.float32
     n2 = net(**FLOAT8, amp_float8__keep_first_last=False, amp_float8__recipe="rowwise").initialize()
     assert all(type(m) is Float8Linear for m in (n2.module_.a, n2.module_.b, n2.module_.c))
     assert n2.precision_.recipe == "rowwise"
@@ -142,3 +145,109 @@ def test_without_torchao_float8_says_which_extra_and_changes_nothing(data, monke
     assert all(torch.equal(n.module_.state_dict()[k], v) for k, v in weights.items())
     with pytest.raises(ImportError, match=r"ampnet\[fp8\]"):
         net(**FLOAT8).initialize()
+
+
+def test_a_gpu_below_compute_capability_8_9_is_refused_with_the_fix(monkeypatch):
+    float8_linear()
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA A100")
+    with pytest.raises(ValueError, match=r"compute capability 8.9 or newer .*NVIDIA A100 has 8.0\. "
+                                         r"Fix: amp_dtype='bfloat16'"):
+        Float8Precision.check_machine("cuda")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    Float8Precision.check_machine("cuda")  # Hopper: accepted
+
+
+def test_auto_never_chooses_float8():
+    with pytest.raises(ValueError, match="amp_enabled='auto' chooses .* never float8.*Fix: pin it, with "
+                                         "amp_enabled=True and amp_dtype='float8'"):
+        net(amp_enabled="auto", amp_dtype="float8").initialize()
+
+
+def test_the_precision_report_says_which_layers_run_float8_and_why_not(data):
+    float8_linear()
+    n = net(**FLOAT8).fit(*data)
+    report = n.precision_report(data[0][:32], data[1][:32])
+    flags = {row.module: row.flags for row in report.rows}
+    assert flags["a"] == ["bf16: the first linear layer"] and flags["b"] == ["float8"]
+    assert flags["c"] == ["bf16: the last linear layer"]
+    assert report.net_precision == "float8 (tensorwise; bfloat16 autocast elsewhere)"
+    assert "b       Float8Linear" in str(report) and "float8" in str(report)
+
+
+def test_export_writes_plain_float32_linears(data, tmp_path):
+    float8_linear()
+    n = net(**FLOAT8, amp_float8__keep_first_last=False).fit(*data)
+    path = n.export(tmp_path / "m.pt2", data[0][:4], format="torch.export")
+    program = torch.export.load(path)
+    targets = {str(node.target) for node in program.graph.nodes if node.op == "call_function"}
+    assert any("linear" in t or "addmm" in t for t in targets), targets
+    assert not any("float8" in t or "scaled_mm" in t for t in targets), targets
+    assert type(n.module_.b).__name__ == "Float8Linear"  # the net's own module is untouched
+    out = program.module()(torch.as_tensor(data[0][:4]))
+    out = out[0] if isinstance(out, (tuple, list)) else out
+    n.set_params(amp_enabled=False)  # float32, the same weights: what the export computes
+    np.testing.assert_allclose(out.detach().numpy(), n.predict(data[0][:4]), rtol=1e-5, atol=1e-6)
+
+
+def test_grid_search_over_float8(data):
+    float8_linear()
+    from sklearn.model_selection import GridSearchCV
+
+    search = GridSearchCV(net(amp_enabled=True), {"amp_dtype": ["bfloat16", "float8"]}, cv=2,
+                          scoring="neg_mean_squared_error").fit(*data)
+    assert {p["amp_dtype"] for p in search.cv_results_["params"]} == {"bfloat16", "float8"}
+    assert np.isfinite(search.cv_results_["mean_test_score"]).all()
+
+
+class Spiky(MLP):
+    """The MLP whose output is inf in the chosen training forward calls (a non-finite loss)."""
+
+    def __init__(self, bad_calls=()) -> None:
+        super().__init__()
+        self.bad_calls, self.calls = set(bad_calls), 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = super().forward(x)
+        if self.training:
+            self.calls += 1
+            if self.calls in self.bad_calls:
+                out = out * float("inf")
+        return out
+
+
+def test_checkpoint_and_bitwise_resume(data, tmp_path):
+    float8_linear()
+    from ampnet.checkpoint import Checkpoint, LoadInitState
+
+    whole = net(**FLOAT8, max_epochs=3).fit(*data)
+    cp = Checkpoint(dirname=str(tmp_path / "cp"), monitor=None)
+    net(**FLOAT8, max_epochs=2, callbacks=[cp]).fit(*data)
+    cp = Checkpoint(dirname=str(tmp_path / "cp"), monitor=None)
+    resumed = net(**FLOAT8, max_epochs=1, callbacks=[cp, LoadInitState(cp)]).fit(*data)
+    assert len(resumed.history) == 3
+    assert type(resumed.module_.b).__name__ == "Float8Linear"
+    for (name, a), b in zip(whole.module_.state_dict().items(), resumed.module_.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def test_the_flight_recorder_watches_a_float8_fit(data):
+    float8_linear()
+    from ampnet.callbacks import AmpMonitor
+
+    lines = []
+    n = AmpNetRegressor(Spiky, module__bad_calls=(3, 4, 5), **FLOAT8, callbacks=[AmpMonitor(burst=3, sink=lines.append)],
+                        max_epochs=1, batch_size=32, train_split=None, verbose=0)
+    n.fit(*data)
+    assert n.history[-1, "skipped_steps"] == 3
+    assert any("3 optimizer steps in a row were skipped" in line for line in lines)
+
+
+def test_unpickling_a_float8_net_without_torchao_names_the_extra(data, monkeypatch):
+    float8_linear()
+    blob = pickle.dumps(net(**FLOAT8).fit(*data))
+    for name in [m for m in sys.modules if m == "torchao" or m.startswith("torchao.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "torchao", None)
+    with pytest.raises(ImportError, match=r"pickled with amp_dtype='float8'.*pip install \"ampnet\[fp8\]\""):
+        pickle.loads(blob)

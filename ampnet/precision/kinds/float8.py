@@ -125,6 +125,12 @@ class Float8Precision(MixedPrecision):
     def detach(self, module: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer] = ()) -> None:
         """Float8 layers back to ``nn.Linear`` (the same parameters), then
         mixed precision's detach."""
+        self.to_plain(module)
+        super().detach(module, optimizers)
+
+    def to_plain(self, module: torch.nn.Module) -> torch.nn.Module:
+        """``module`` with each ``Float8Linear`` replaced by an ``nn.Linear``
+        holding the same parameters (an export's copy, :meth:`detach`)."""
         _, Float8Linear = _torchao()
         root = module_root(module)
         for name, layer in list(root.named_modules()):
@@ -134,7 +140,16 @@ class Float8Precision(MixedPrecision):
                 plain.weight, plain.bias = layer.weight, layer.bias
                 plain.train(layer.training)
                 _set_submodule(root, name, plain)
-        super().detach(module, optimizers)
+        return module
+
+    @property
+    def name(self) -> str:
+        """How the net computes, for reports: the recipe, and bfloat16 elsewhere."""
+        return f"float8 ({self.recipe}; bfloat16 autocast elsewhere)"
+
+    def layer_notes(self, module: torch.nn.Module) -> dict[str, str]:
+        """Per linear layer: ``'float8'`` or why it stays in bfloat16 (:func:`float8_layers`)."""
+        return float8_layers(module, self.keep_first_last)
 
 
 def _set_submodule(root: torch.nn.Module, name: str, new: torch.nn.Module) -> None:
