@@ -251,3 +251,25 @@ def test_unpickling_a_float8_net_without_torchao_names_the_extra(data, monkeypat
     monkeypatch.setitem(sys.modules, "torchao", None)
     with pytest.raises(ImportError, match=r"pickled with amp_dtype='float8'.*pip install \"ampnet\[fp8\]\""):
         pickle.loads(blob)
+
+
+def test_a_conversion_that_fails_half_way_leaves_the_net_as_it_was(data, monkeypatch):
+    float8_linear()
+    import torchao.float8 as ao
+
+    n = net(amp_enabled=True, amp_dtype="bfloat16", amp_float8__keep_first_last=False).fit(*data)
+    weights = {k: v.clone() for k, v in n.module_.state_dict().items()}
+    real = ao.convert_to_float8_training
+
+    def fails_after_one_layer(module, config=None, module_filter_fn=None):
+        real(module, config=config, module_filter_fn=lambda m, fqn: fqn == "a")
+        raise RuntimeError("conversion failed")
+
+    monkeypatch.setattr(ao, "convert_to_float8_training", fails_after_one_layer)
+    with pytest.raises(RuntimeError, match="conversion failed"):
+        n.set_params(amp_dtype="float8")
+    assert n.amp_dtype == "bfloat16" and type(n.precision_) is MixedPrecision
+    assert all(type(m) is torch.nn.Linear for m in (n.module_.a, n.module_.b, n.module_.c))
+    assert all(torch.equal(n.module_.state_dict()[k], v) for k, v in weights.items())
+    n.partial_fit(*data)  # and trains on
+    assert np.isfinite(n.history[-1, "train_loss"])
