@@ -17,7 +17,8 @@ from ampnet.precision.compensated import compensation_of, drop_compensation
 from ampnet.precision.compensated import FLOAT16_SAFE as FLOAT16_SAFE_COMPENSATED
 from ampnet.precision.compensated import SUPPORTED as SUPPORTED_COMPENSATED
 from ampnet.precision.checks import grads_by_device_dtype
-from ampnet.precision.component import NO_CONTEXT, Precision, build_scaler, module_root
+from ampnet.precision.component import NO_CONTEXT, Precision, module_root
+from ampnet.precision.scaler_build import build_scaler
 from ampnet.precision.kinds import precision_class  # imports the kinds: Precision(settings, scaler) builds one
 from ampnet.precision.kinds.float8 import FIX_INSTALL as FLOAT8_FIX_INSTALL
 from ampnet.precision.devices import check_device

@@ -41,7 +41,7 @@ class PrecisionSettings:
 
     The ``grad_scaler__*`` settings are not kept here: the net's parameters
     are their one stored copy (``get_params()``), and the live scaler holds
-    the running state built from them (:func:`~ampnet.precision.component.build_scaler`
+    the running state built from them (:func:`~ampnet.precision.scaler_build.build_scaler`
     takes them from the net when it builds one).
     """
 
