@@ -287,3 +287,13 @@ def test_a_conversion_that_fails_half_way_leaves_the_net_as_it_was(data, monkeyp
     assert all(torch.equal(n.module_.state_dict()[k], v) for k, v in weights.items())
     n.partial_fit(*data)  # and trains on
     assert np.isfinite(n.history[-1, "train_loss"])
+
+
+def test_float8_settings_without_amp_dtype_float8_say_they_do_nothing():
+    with pytest.warns(Warning, match=r"amp_float8__recipe='rowwise' has no effect with amp_dtype='bfloat16': it "
+                                     r"sets float8 training\. Set amp_dtype='float8' to use it, or drop it\."):
+        warnings.simplefilter("always")
+        net(amp_enabled=True, amp_dtype="bfloat16", amp_float8__recipe="rowwise").initialize()
+    with pytest.warns(Warning, match=r"amp_enabled=False, so amp_float8__keep_first_last=False has no effect"):
+        warnings.simplefilter("always")
+        net(amp_enabled=False, amp_float8__keep_first_last=False).initialize()
