@@ -319,6 +319,9 @@ _ROWS += [
          _bool("amp_float8__keep_first_last", "amp_float8__keep_first_last=True (the first and last linear layers "
                "in bfloat16) or False (float8 too)."),
          (LAYOUT,), amp_only=True, doc="amp_dtype='float8': the first and last linear layers stay in bfloat16"),
+    _row("amp_float8__modules", None, _selectors("amp_float8__modules"), (LAYOUT,), amp_only=True,
+         doc="amp_dtype='float8': the only modules whose linear layers may run float8 (classes, globs, regexes; "
+             "None: all)"),
     _row("amp_autotune__steps", 6,
          _int_at_least("amp_autotune__steps", 1, 100, "leave it at 6, or pass an int in [1, 100]."),
          (NOTHING,), doc="'auto': timed pairs (a float32 and a mixed step) at most"),

@@ -297,3 +297,15 @@ def test_float8_settings_without_amp_dtype_float8_say_they_do_nothing():
     with pytest.warns(Warning, match=r"amp_enabled=False, so amp_float8__keep_first_last=False has no effect"):
         warnings.simplefilter("always")
         net(amp_enabled=False, amp_float8__keep_first_last=False).initialize()
+
+
+def test_amp_float8_modules_limits_the_float8_layers(data):
+    Float8Linear = float8_linear()
+    module = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.Linear(512, 256), torch.nn.Linear(256, 16))
+    assert float8_layers(module, keep_first_last=False, modules=["1"]) == {
+        "0": "kept in bfloat16: not in amp_float8__modules", "1": "float8",
+        "2": "kept in bfloat16: not in amp_float8__modules"}
+    n = net(**FLOAT8, amp_float8__keep_first_last=False, amp_float8__modules=["c"]).initialize()
+    assert [type(m) is Float8Linear for m in (n.module_.a, n.module_.b, n.module_.c)] == [False, False, True]
+    with pytest.raises((TypeError, ValueError), match="amp_float8__modules"):
+        net(**FLOAT8, amp_float8__modules=3.5).initialize()

@@ -24,7 +24,8 @@ import torch
 from ampnet.exceptions import amp_warn
 from ampnet.precision.component import module_root
 from ampnet.precision.kinds.mixed import MixedPrecision
-from ampnet.precision.plan import PrecisionLayout
+from ampnet.precision.plan import PrecisionLayout, is_inside
+from ampnet.precision.selectors import match_modules, parse_selectors
 from ampnet.precision.settings import PrecisionSettings
 
 __all__ = ["Float8Precision", "float8_layers", "FIX_INSTALL", "MIN_CAPABILITY"]
@@ -48,14 +49,24 @@ def _torchao() -> Any:
     return float8, Float8Linear
 
 
-def float8_layers(module: torch.nn.Module, keep_first_last: bool) -> dict[str, str]:
+def float8_layers(module: torch.nn.Module, keep_first_last: bool, modules: Any = None) -> dict[str, str]:
     """Why each ``nn.Linear`` of ``module`` runs in float8 or not, by name:
-    ``'float8'``, or the reason it stays in bfloat16 (first or last linear
-    layer kept, dimensions torchao's kernels do not take: not divisible by 16)."""
-    linears = [(n, m) for n, m in module_root(module).named_modules() if isinstance(m, torch.nn.Linear)]
+    ``'float8'``, or the reason it stays in bfloat16 (outside
+    ``amp_float8__modules``, first or last linear layer kept, dimensions
+    torchao's kernels do not take: not divisible by 16).
+
+    ``modules``: the ``amp_float8__modules`` selectors (None: every linear
+    layer; a linear layer inside a matched module counts as matched)."""
+    root = module_root(module)
+    linears = [(n, m) for n, m in root.named_modules() if isinstance(m, torch.nn.Linear)]
+    chosen = None
+    if modules is not None:
+        chosen = match_modules(root, parse_selectors(modules, "amp_float8__modules"), "amp_float8__modules")
     out = {}
     for i, (name, layer) in enumerate(linears):
-        if keep_first_last and i in (0, len(linears) - 1):
+        if chosen is not None and not is_inside(name, chosen):
+            out[name] = "kept in bfloat16: not in amp_float8__modules"
+        elif keep_first_last and i in (0, len(linears) - 1):
             out[name] = "kept in bfloat16: the " + ("first" if i == 0 else "last") + " linear layer"
         elif layer.in_features % 16 or layer.out_features % 16:
             out[name] = (f"kept in bfloat16: {layer.in_features}x{layer.out_features} is not divisible by 16 "
@@ -116,7 +127,7 @@ class Float8Precision(MixedPrecision):
         super().attach(module, trimmed, layout)
         float8, _ = _torchao()
         root = module_root(module)
-        chosen = {n for n, why in float8_layers(root, self.keep_first_last).items() if why == "float8"}
+        chosen = {n for n, why in self.layer_notes(root).items() if why == "float8"}
         if self._device_type != "cuda":
             amp_warn("amp_dtype='float8' on a CPU runs torchao's emulation: the numerics of float8 training, "
                      "not its speed (float8 matmuls need a GPU of compute capability 8.9 or newer).")
@@ -149,7 +160,7 @@ class Float8Precision(MixedPrecision):
 
     def layer_notes(self, module: torch.nn.Module) -> dict[str, str]:
         """Per linear layer: ``'float8'`` or why it stays in bfloat16 (:func:`float8_layers`)."""
-        return float8_layers(module, self.keep_first_last)
+        return float8_layers(module, self.keep_first_last, dict(self.settings.float8).get("modules"))
 
 
 def _set_submodule(root: torch.nn.Module, name: str, new: torch.nn.Module) -> None:
