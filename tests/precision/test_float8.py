@@ -309,3 +309,13 @@ def test_amp_float8_modules_limits_the_float8_layers(data):
     assert [type(m) is Float8Linear for m in (n.module_.a, n.module_.b, n.module_.c)] == [False, False, True]
     with pytest.raises((TypeError, ValueError), match="amp_float8__modules"):
         net(**FLOAT8, amp_float8__modules=3.5).initialize()
+
+
+def test_convert_for_inference_gives_plain_low_precision_linears(data):
+    float8_linear()
+    n = net(**FLOAT8, amp_float8__keep_first_last=False).fit(*data)
+    converted = n.convert_for_inference("bfloat16")
+    assert all(type(m) is torch.nn.Linear and m.weight.dtype == torch.bfloat16
+               for m in (converted.module_.a, converted.module_.b, converted.module_.c))
+    assert type(n.module_.b).__name__ == "Float8Linear"  # the net itself is unchanged
+    np.testing.assert_allclose(converted.predict(data[0][:64]), n.predict(data[0][:64]), atol=0.05)
