@@ -149,7 +149,8 @@ def _float8(params: Mapping[str, Any]) -> tuple[tuple[str, Any], ...] | None:
     ``(name, value)`` pairs without the prefix (None for other dtypes)."""
     if params["amp_dtype"] != "float8":
         return None
-    return tuple(sorted((k.split("__", 1)[1], v) for k, v in params.items() if k.startswith("amp_float8__")))
+    return tuple(sorted((k.split("__", 1)[1], tuple(v) if isinstance(v, list) else v)
+                        for k, v in params.items() if k.startswith("amp_float8__")))
 
 
 def _public_name(cls: type) -> str:
