@@ -55,7 +55,7 @@ from ampnet.training.batches import array_batches
 from ampnet.training.records import DeferredHistory
 from ampnet.utils.placement import is_on
 from ampnet.training.step import all_training
-from ampnet.precision import NO_CONTEXT, GradScaler, PrecisionLayout, PrecisionPolicy, autocast_dtype_error, kernel_defaults
+from ampnet.precision import FLOAT8_FIX_INSTALL, NO_CONTEXT, GradScaler, PrecisionLayout, PrecisionPolicy, autocast_dtype_error, kernel_defaults
 
 __all__ = ["AmpNetMixin", "AmpNet", "AmpNetClassifier", "AmpNetRegressor", "AmpNetBinaryClassifier"]
 
@@ -71,7 +71,7 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin, ReportsMixin):
     (:class:`ampnet.auto.AutotuneResult`).
     """
 
-    prefixes_ = NeuralNet.prefixes_ + ["grad_scaler", "amp_autotune"]
+    prefixes_ = NeuralNet.prefixes_ + ["grad_scaler", "amp_autotune", "amp_float8"]
 
     def __init__(
         self,
@@ -558,7 +558,14 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin, ReportsMixin):
         for name, default in constructor_defaults().items():
             if name not in state:
                 state[name] = default
-        super().__setstate__(state)
+        try:
+            super().__setstate__(state)
+        except ImportError as exc:  # a float8 net's module holds torchao's Float8Linear
+            if not (getattr(exc, "name", None) or "").startswith("torchao"):
+                raise
+            raise ImportError(
+                f"This net was pickled with amp_dtype='float8', whose layers are torchao's, and torchao is not "
+                f"installed ({exc}). Fix: {FLOAT8_FIX_INSTALL}, then load it again.") from exc
         # a net pickled on a GPU and loaded where there is none runs on the
         # CPU: its scaler and regions follow
         prec = self.__dict__.get("precision_")

@@ -8,7 +8,9 @@ stack at the module's forward, skorch methods overridden more than once, host
 reads per training batch, the largest modules, the longest functions, the
 package's top level and the size of ``io/``, and the re-entries into
 ``reconfigure.py`` while it is on the stack (configuration that climbs back
-up through skorch) during ``initialize()`` and ``set_params``.
+up through skorch) during ``initialize()`` and ``set_params``, the paths
+that rebuild the optimizers included (``amp_level='pure'``, ``amp_enabled``
+off and on).
 
     python tools/structure_report.py            # this checkout
     PYTHONPATH=/path/to/other python tools/structure_report.py
@@ -100,6 +102,29 @@ def bounces(fn):
     return visits
 
 
+#: The configuration paths whose re-entries are counted: (label, the fitted net's settings, the change).
+#: amp_level='pure' and amp_enabled=False rebuild the optimizers (new parameters, another kernel).
+REENTRY_PATHS = (
+    ("initialize()", dict(amp_enabled=True, amp_dtype="float16"), None),
+    ("set_params(amp_dtype='bfloat16')", dict(amp_enabled=True, amp_dtype="float16"), dict(amp_dtype="bfloat16")),
+    ("set_params(amp_level='pure')", dict(amp_enabled=True, amp_dtype="bfloat16"), dict(amp_level="pure")),
+    ("set_params(amp_enabled=False)", dict(amp_enabled=True, amp_dtype="bfloat16"), dict(amp_enabled=False)),
+    ("set_params(amp_enabled=True)", dict(amp_enabled=False), dict(amp_enabled=True, amp_dtype="bfloat16")),
+)
+
+
+def reentries(X, y, paths=REENTRY_PATHS):
+    """(label, re-entries into ``reconfigure.py``) of each of ``paths``
+    on a net fitted for one epoch (:func:`bounces`)."""
+    out = []
+    for label, settings, change in paths:
+        net = AmpNetClassifier(MLP, max_epochs=1, batch_size=64, train_split=None, verbose=0,
+                               **settings).fit(X, y)
+        walk = (lambda: net.initialize()) if change is None else (lambda: net.set_params(**change))
+        out.append((label, bounces(walk)["re-entries"]))
+    return out
+
+
 def walks():
     rng = np.random.RandomState(0)
     X = rng.randn(128, 20).astype(np.float32)
@@ -109,9 +134,8 @@ def walks():
     files, built, checks = trace(lambda: net.set_params(grad_scaler__growth_factor=4))
     print(f"set_params(grad_scaler__growth_factor=4), fitted fp16 net: {len(files)} ampnet files entered "
           f"{files}, {built} Precision built, {checks} parameter checks")
-    print("re-entries into reconfigure.py while it is on the stack (climbs back up): initialize()",
-          bounces(lambda: net.initialize())["re-entries"], "/ set_params(amp_dtype='bfloat16')",
-          bounces(lambda: net.set_params(amp_dtype="bfloat16"))["re-entries"])
+    print("re-entries into reconfigure.py while it is on the stack (climbs back up):",
+          " / ".join(f"{label} {n}" for label, n in reentries(X, y)))
     # auto's walks: a fit that measures in its own steps, and the next one, which reads the stored choice
     # (ampnet 0.4's probe, for comparison with older checkouts: amp_autotune__budget=None made it measure)
     import tempfile

@@ -80,6 +80,8 @@ def enabled_choice(state: Any) -> tuple[dict[str, Any] | None, str | None]:
             return None, str(exc).splitlines()[0]
     if is_auto(params["amp_enabled"]):
         return None, "amp_enabled is 'auto' (a choice is True or False)"
+    if params["amp_dtype"] == "float8":
+        return None, "amp_dtype is 'float8', which amp_enabled='auto' never chooses"
     return params, None
 
 

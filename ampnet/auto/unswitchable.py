@@ -55,6 +55,12 @@ def refuse_unswitchable(params: Mapping[str, Any]) -> None:
     ValueError
       Naming the parameter, its value and the fix.
     """
+    if params.get("amp_dtype") == "float8":
+        raise ValueError(
+            "amp_enabled='auto' chooses between float32 and bfloat16 or float16 mixed precision, never float8 "
+            "(on a CPU float8 is only emulated; on a GPU it pays on large matmuls only, which a short "
+            "measurement does not decide). Fix: pin it, with amp_enabled=True and amp_dtype='float8', or "
+            "amp_dtype='auto'.")
     for name, default in (("amp_level", "mixed"), ("amp_master_weights", True), ("amp_modules", None)):
         value = params.get(name, default)
         if value != default and not (value is default):

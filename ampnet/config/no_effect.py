@@ -43,8 +43,12 @@ def _default(net: Any, name: str) -> Any:
 
 
 def is_default(net: Any, name: str) -> bool:
-    """Whether ``net``'s parameter ``name`` holds its ``__init__`` default."""
-    value, default = getattr(net, name), _default(net, name)
+    """Whether ``net``'s parameter ``name`` holds its ``__init__`` default
+    (a prefixed setting, ``amp_float8__recipe``, its table default where not set)."""
+    if "__" in name:
+        value, default = getattr(net, name, PARAMS[name].default), PARAMS[name].default
+    else:
+        value, default = getattr(net, name), _default(net, name)
     if value is default:
         return True
     if name in PARAMS and not isinstance(default, type):
@@ -84,7 +88,7 @@ def ineffective_settings(net: Any) -> list[str]:
         pass
     elif not policy.enabled:
         names = [n for n in amp_only() if not is_default(net, n)]
-        shown = [_setting(n, getattr(net, n)) for n in names]
+        shown = [_setting(n, getattr(net, n, None)) for n in names]
         if shown:
             one = len(shown) == 1
             notes.append(
@@ -98,6 +102,13 @@ def ineffective_settings(net: Any) -> list[str]:
                 "amp_master_weights=False has no effect with amp_level='mixed' (the weights "
                 "are float32 already). Set amp_level='pure' to use it, or drop it."
             )
+        float8 = [n for n in amp_only() if n.startswith("amp_float8__") and not is_default(net, n)]
+        if float8 and parsed(net, "amp_dtype") != "float8":
+            one = len(float8) == 1
+            notes.append(
+                f"{', '.join(_setting(n, getattr(net, n)) for n in float8)} {'has' if one else 'have'} no effect "
+                f"with amp_dtype={parsed(net, 'amp_dtype')!r}: {'it sets' if one else 'they set'} float8 training. "
+                f"Set amp_dtype='float8' to use {'it' if one else 'them'}, or drop {'it' if one else 'them'}.")
         layout = getattr(net, "amp_layout_", None)
         if policy.level == "pure" and layout is not None and not layout.low_precision_params:
             notes.append(

@@ -195,6 +195,8 @@ def _amp_enabled(value: Any) -> Any:
 
 
 def _amp_dtype(value: Any) -> Any:
+    if isinstance(value, str) and value.strip().lower() in ("float8", "fp8"):
+        return "float8"  # ampnet.precision.kinds.float8: torchao's float8 matmuls, bf16 autocast elsewhere
     dtype = parse_amp_dtype(value)  # raises, naming amp_dtype, the choices and a fix
     return "auto" if dtype is None else dtype_name(dtype)
 
@@ -251,7 +253,8 @@ _ROWS = [
     _row("amp_enabled", False, _amp_enabled, (LAYOUT, SCALER), auto_input=True,
          doc="True: mixed precision; False: float32, as skorch; 'auto': measure at the first fit what pays off"),
     _row("amp_dtype", "auto", _amp_dtype, (LAYOUT, SCALER), auto_input=True, amp_only=True,
-         doc="'auto' (bfloat16 where supported, else float16), 'bfloat16' or 'float16'"),
+         doc="'auto' (bfloat16 where supported, else float16), 'bfloat16', 'float16' or 'float8' (torchao's "
+             "float8 matmuls for the linear layers, bfloat16 autocast elsewhere; pip install \"ampnet[fp8]\")"),
     _row("amp_level", "mixed",
          _choice("amp_level", AMP_LEVELS,
                  "amp_level='mixed' (float32 weights, autocast) or 'pure' (weights stored in low precision)."),
@@ -307,6 +310,18 @@ for _name, _default in SCALER_DEFAULTS.items():
                       (LIVE_SCALER,) if _name in LIVE_SETTINGS else (SCALER,),
                       doc="loss-scaler setting" + (", changed on the live scaler" if _name in LIVE_SETTINGS else "")))
 _ROWS += [
+    _row("amp_float8__recipe", "tensorwise",
+         _choice("amp_float8__recipe", ("tensorwise", "rowwise"),
+                 "amp_float8__recipe='tensorwise' (one scale per tensor, the fastest) or 'rowwise' (a scale per "
+                 "row, more accurate)."),
+         (LAYOUT,), amp_only=True, doc="amp_dtype='float8': torchao's scaling recipe, 'tensorwise' or 'rowwise'"),
+    _row("amp_float8__keep_first_last", True,
+         _bool("amp_float8__keep_first_last", "amp_float8__keep_first_last=True (the first and last linear layers "
+               "in bfloat16) or False (float8 too)."),
+         (LAYOUT,), amp_only=True, doc="amp_dtype='float8': the first and last linear layers stay in bfloat16"),
+    _row("amp_float8__modules", None, _selectors("amp_float8__modules"), (LAYOUT,), amp_only=True,
+         doc="amp_dtype='float8': the only modules whose linear layers may run float8 (classes, globs, regexes; "
+             "None: all)"),
     _row("amp_autotune__steps", 6,
          _int_at_least("amp_autotune__steps", 1, 100, "leave it at 6, or pass an int in [1, 100]."),
          (NOTHING,), doc="'auto': timed pairs (a float32 and a mixed step) at most"),
@@ -518,8 +533,8 @@ BUILT_ATTRIBUTE = "amp_params_built_"
 
 def is_parsed_name(name: str) -> bool:
     """Whether ``name`` is one of the parameters a :class:`ParsedParams`
-    holds (the constructor's AMP parameters, ``device``, ``grad_scaler__*``)."""
-    return (name in PARAMS and "__" not in name) or name.startswith("grad_scaler__")
+    holds (the constructor's AMP parameters, ``device``, ``grad_scaler__*``, ``amp_float8__*``)."""
+    return (name in PARAMS and "__" not in name) or name.startswith(("grad_scaler__", "amp_float8__"))
 
 
 def parsed(net: Any, name: str) -> Any:

@@ -72,6 +72,10 @@ def _own_params(net: "AmpNetMixin") -> dict[str, Any]:
     the device and the ``grad_scaler__*`` settings), raw."""
     params = {name: getattr(net, name) for name in [*constructor_defaults(), "device"]}
     params.update({"grad_scaler__" + k: v for k, v in net.get_params_for("grad_scaler").items()})
+    float8 = net.get_params_for("amp_float8")
+    check_names("amp_float8", float8)
+    params.update({name: PARAMS[name].default for name in PARAMS if name.startswith("amp_float8__")})
+    params.update({"amp_float8__" + k: v for k, v in float8.items()})
     return params
 
 
@@ -285,7 +289,7 @@ def _split(kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     # grad_scaler and grad_scaler__* are ampnet's to handle: skorch would
     # treat the "grad_scaler" prefix as a module and refuse it
     own = {k: v for k, v in kwargs.items()
-           if k == "grad_scaler" or k.startswith(("grad_scaler__", "amp_autotune__"))}
+           if k == "grad_scaler" or k.startswith(("grad_scaler__", "amp_autotune__", "amp_float8__"))}
     return own, {k: v for k, v in kwargs.items() if k not in own}
 
 
@@ -515,13 +519,15 @@ def rebuild_optimizers(net: "AmpNetMixin", states: Mapping[str, dict], why: Rebu
     """Build the optimizers afresh for the module's layout (with the kernel
     for it), with skorch's re-init message where ``why`` has one, and carry
     ``states`` over where the parameters line up (else a warning, and that
-    optimizer starts afresh)."""
-    if why.reinit is not None:
-        net._initialize_optimizer(reason=why.reinit)
-    else:
-        with net._current_init_context("optimizer"):
-            net.initialize_optimizer()
-        net.precision_.check_optimizers([(n, getattr(net, n + "_")) for n in net._optimizers])
+    optimizer starts afresh). It calls skorch's public ``initialize_optimizer``
+    (which the net does not override), not the net's ``_initialize_optimizer``,
+    which would climb back up into this module; the callers set the step's
+    closure flag for the new precision."""
+    with net._current_init_context("optimizer"):
+        if why.reinit is not None and net.verbose:
+            print(why.reinit)  # what skorch's _initialize_optimizer prints
+        net.initialize_optimizer()
+    net.precision_.check_optimizers([(n, getattr(net, n + "_")) for n in net._optimizers])
     for name, state in states.items():
         optimizer = getattr(net, name + "_")
         try:

@@ -295,7 +295,6 @@ def _recommend(rows: list[ModuleReport], limit: float, fp32_roots: Any) -> list[
 
 def build_report(net: Any, X: Any, y: Any = None, dtype: Any = None) -> PrecisionReport:
     """Build the report of :meth:`precision_report` for an initialized net."""
-    policy = net.precision_policy_
     target = net.precision_.report_dtype(dtype)
     finfo = torch.finfo(target)
     scaler = net.grad_scaler_
@@ -320,11 +319,13 @@ def build_report(net: Any, X: Any, y: Any = None, dtype: Any = None) -> Precisio
                              layout.fp32_modules if layout is not None else ())
     for n in recommended:
         rows[n].recommended = True
+    for n, note in net.precision_.layer_notes(root).items():  # float8: which layers run it, and why not
+        rows[n].flags.append(note if note == "float8" else note.replace("kept in bfloat16: ", "bf16: "))
     return PrecisionReport(
         rows=[rows[n] for n, _ in named],
         target_dtype=dtype_name(target),
         dtype_max=float(finfo.max),
-        net_precision=policy.name,
+        net_precision=net.precision_.name,
         loss_scale=scale,
         recommended_fp32_modules=recommended,
     )

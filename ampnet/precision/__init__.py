@@ -17,8 +17,10 @@ from ampnet.precision.compensated import compensation_of, drop_compensation
 from ampnet.precision.compensated import FLOAT16_SAFE as FLOAT16_SAFE_COMPENSATED
 from ampnet.precision.compensated import SUPPORTED as SUPPORTED_COMPENSATED
 from ampnet.precision.checks import grads_by_device_dtype
-from ampnet.precision.component import NO_CONTEXT, Precision, build_scaler, module_root
+from ampnet.precision.component import NO_CONTEXT, Precision, module_root
+from ampnet.precision.scaler_build import build_scaler
 from ampnet.precision.kinds import precision_class  # imports the kinds: Precision(settings, scaler) builds one
+from ampnet.precision.kinds.float8 import FIX_INSTALL as FLOAT8_FIX_INSTALL
 from ampnet.precision.devices import check_device
 from ampnet.precision.inputs import autocast_dtype_error
 from ampnet.precision.kernels import (
@@ -57,6 +59,7 @@ __all__ = [
     "DTYPE_ALIASES",
     "Precision",
     "precision_class",
+    "FLOAT8_FIX_INSTALL",
     "autocast_dtype_error",
     "build_scaler",
     "check_device",

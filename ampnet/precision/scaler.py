@@ -613,7 +613,7 @@ def copy_to_device(scaler: GradScaler, device_type: str) -> GradScaler:
     the copy follows the net's device, so that ``GradScaler(init_scale=256.)``
     made on a CPU-only machine (or for another device) works on any net.
     (torch's own scalers are copied through their public API:
-    ``ampnet.precision.component.build_scaler``.)
+    ``ampnet.precision.scaler_build.build_scaler``.)
     """
     scaler = copy.deepcopy(scaler)
     scaler.to_device_type(device_type)

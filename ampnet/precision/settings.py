@@ -41,7 +41,7 @@ class PrecisionSettings:
 
     The ``grad_scaler__*`` settings are not kept here: the net's parameters
     are their one stored copy (``get_params()``), and the live scaler holds
-    the running state built from them (:func:`~ampnet.precision.component.build_scaler`
+    the running state built from them (:func:`~ampnet.precision.scaler_build.build_scaler`
     takes them from the net when it builds one).
     """
 
@@ -53,6 +53,7 @@ class PrecisionSettings:
     memory_format: str = "preserve"
     skip_nonfinite: bool = True
     scaler: Any = GradScaler
+    float8: Any = None  # amp_dtype='float8': the amp_float8__* settings as (name, value) pairs, else None
 
 
 def scaling_enabled(policy: PrecisionPolicy, scaler_params: Mapping[str, Any]) -> bool:
@@ -82,7 +83,9 @@ def build_settings(params: Mapping[str, Any]) -> PrecisionSettings:
         skip, scaler, masters = params["amp_skip_nonfinite"], params["grad_scaler"], params["amp_master_weights"]
         memory_format, fp32_modules, amp_modules = (
             params["memory_format"], params["amp_fp32_modules"], params["amp_modules"])
-        policy = resolve_precision(params["amp_enabled"], params["amp_dtype"], params["device"], params["amp_level"])
+        float8 = _float8(params)
+        policy = resolve_precision(params["amp_enabled"], "bfloat16" if float8 is not None else params["amp_dtype"],
+                                   params["device"], params["amp_level"])
     except KeyError as exc:
         raise TypeError(
             f"build_settings needs every precision parameter of a net; {exc.args[0]!r} is missing. Fix: pass a "
@@ -113,7 +116,13 @@ def build_settings(params: Mapping[str, Any]) -> PrecisionSettings:
         memory_format=memory_format,
         skip_nonfinite=bool(skip),
         scaler=scaler,
+        float8=float8 if policy.enabled else None,
     )
+    if settings.float8 is not None and policy.level != "mixed":
+        raise ValueError(
+            f"amp_dtype='float8' needs amp_level='mixed' (got amp_level={params['amp_level']!r}): float8 "
+            "training keeps float32 weights and casts them to float8 in each matmul. Fix: amp_level='mixed', "
+            "or amp_dtype='bfloat16' with amp_level='pure'.")
     uses_scaler = scaling_enabled(policy, scaler_params)
     ampnet_scaler = isinstance(scaler, GradScaler) or (isinstance(scaler, type) and issubclass(scaler, GradScaler))
     if compensated and uses_scaler and not ampnet_scaler:
@@ -133,6 +142,15 @@ def build_settings(params: Mapping[str, Any]) -> PrecisionSettings:
     if uses_scaler:
         _check_scaler_device(scaler, policy.device_type)
     return settings
+
+
+def _float8(params: Mapping[str, Any]) -> tuple[tuple[str, Any], ...] | None:
+    """``amp_dtype='float8'``'s ``amp_float8__*`` settings, as sorted
+    ``(name, value)`` pairs without the prefix (None for other dtypes)."""
+    if params["amp_dtype"] != "float8":
+        return None
+    return tuple(sorted((k.split("__", 1)[1], tuple(v) if isinstance(v, list) else v)
+                        for k, v in params.items() if k.startswith("amp_float8__")))
 
 
 def _public_name(cls: type) -> str:

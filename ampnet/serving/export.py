@@ -204,6 +204,8 @@ def _float32_copy(net: Any) -> torch.nn.Module:
     # float32 from the masters, or the weights plus their compensation
     state = prec.float32_weights(root, optimizers) if low else {}
     module = copy.deepcopy(root)
+    if prec is not None:
+        module = prec.to_plain(module)  # float8: plain linears
     remove_regions(module)
     remove_state_hooks(module)
     params = dict(module.named_parameters(remove_duplicate=False))
