@@ -194,7 +194,7 @@ def test_a_hostile_value_is_refused_with_the_parameters_name(name, value):
     if isinstance(value, BadStr):
         # accepted: a glob pattern of a selector parameter, a device string
         # that skorch hands to .to() with AMP off, or auto's cache folder (as the plain str it holds)
-        assert name in ("amp_fp32_modules", "amp_modules", "device", "amp_autotune__cache")
+        assert name in ("amp_fp32_modules", "amp_modules", "amp_float8__modules", "device", "amp_autotune__cache")
         if name == "amp_autotune__cache":
             assert type(check(name, value)) is str
     else:  # the number a float subclass holds, read as a plain float
