@@ -152,7 +152,8 @@ class Precision:
             return
         policy = settings.policy
         d["_device_type"], d["_dtype"] = policy.device_type, policy.compute_dtype
-        d["_skip_nonfinite"] = settings.skip_nonfinite
+        # without loss scaling the check is the non-finite one, or none (amp_skip_nonfinite=False): chosen here
+        d["_unscaled_check"] = self._check_nonfinite if settings.skip_nonfinite else _no_check
         d["_scoped"] = layout is not None and layout.scoped
         d["_channels_last"] = layout is not None and layout.memory_format == "channels_last"
 
@@ -465,8 +466,10 @@ class Precision:
                     scaler.unscale_(optimizer)
                 flags.append(flag)
             return flags
-        if not self._skip_nonfinite:
-            return None
+        return self._unscaled_check(optimizers)
+
+    def _check_nonfinite(self, optimizers: Sequence[tuple[torch.optim.Optimizer, list]]) -> list[torch.Tensor]:
+        """Without loss scaling: one non-finite flag per optimizer, on the device."""
         device = optimizers[0][1][0].grad.device if optimizers and optimizers[0][1] else None
         one = self.__dict__.get("_ones", {}).get(device)
         if one is None and device is not None:
@@ -625,8 +628,13 @@ def precision_class(settings: PrecisionSettings) -> type[Precision]:
     return kind
 
 
+def _no_check(optimizers: Sequence[tuple[torch.optim.Optimizer, list]]) -> None:
+    """``amp_skip_nonfinite=False`` without loss scaling: nothing is checked."""
+    return None
+
+
 #: What :meth:`Precision._configure` derives, and per-run caches: never pickled.
-_DERIVED = frozenset({"_device_type", "_dtype", "_skip_nonfinite", "_scoped", "_channels_last",
+_DERIVED = frozenset({"_device_type", "_dtype", "_unscaled_check", "_skip_nonfinite", "_scoped", "_channels_last",
                       "_cache", "_ones", "float32_step"})
 
 
