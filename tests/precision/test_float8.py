@@ -319,3 +319,18 @@ def test_convert_for_inference_gives_plain_low_precision_linears(data):
                for m in (converted.module_.a, converted.module_.b, converted.module_.c))
     assert type(n.module_.b).__name__ == "Float8Linear"  # the net itself is unchanged
     np.testing.assert_allclose(converted.predict(data[0][:64]), n.predict(data[0][:64]), atol=0.05)
+
+
+def test_onnx_export_writes_plain_float32_linears(data, tmp_path):
+    float8_linear()
+    onnx = pytest.importorskip("onnx")  # the onnx extra (in dev)
+    ort = pytest.importorskip("onnxruntime")
+    n = net(**FLOAT8, amp_float8__keep_first_last=False).fit(*data)
+    path = n.export(tmp_path / "m.onnx", data[0][:4])
+    ops = {node.op_type for node in onnx.load(str(path)).graph.node}
+    assert ops & {"Gemm", "MatMul"} and not any("8" in op or "Cast" == op for op in ops), ops
+    assert type(n.module_.b).__name__ == "Float8Linear"  # the net's own module is untouched
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    (out,) = session.run(None, {session.get_inputs()[0].name: data[0][:4]})
+    n.set_params(amp_enabled=False)  # float32, the same weights: what the export computes
+    np.testing.assert_allclose(out, n.predict(data[0][:4]), rtol=1e-5, atol=1e-5)
