@@ -168,6 +168,12 @@ def test_the_verdict_never_contradicts_the_table():
     assert verdict.startswith("In this run, AMP pays off: bfloat16 (mixed) took 0.29x")
     assert "to measure again: `python -m ampnet cache --clear`" in verdict and "amp_autotune__cache" not in verdict
     assert "do not bear out" not in verdict
+    # the ratio that decided is the record's (the median of the per-pair ratios), not that of the medians
+    decided = AutotuneResult(mixed, source="measured", table=table_of([float32, mixed], [[0.01684], [0.00914]]),
+                             note="mixed took 0.71x float32's step time (median of 6 timed pairs), the pairs "
+                                  "disagreeing: decided by the median")
+    verdict = _verdict(SimpleNamespace(amp_autotune_=decided), "cpu", rows)
+    assert "amp_enabled='auto' measured 0.71x float32's step time" in verdict and "0.54x" not in verdict
 
 
 def test_a_resumed_records_note_keeps_the_file_argument_as_written():
