@@ -358,6 +358,20 @@ def test_the_quickstarts_auto_example_says_when_it_measures_and_when_pinning_is_
     assert "(a fit that measured does not: its first steps alternate between the two precisions)" in " ".join(text.split())
 
 
+def test_the_quickstarts_auto_example_measures(tmp_path, monkeypatch):
+    """The getting-started quickstart's ``"auto"`` fit is long enough to measure (a new user ran it and it
+    never did: 40 steps), and it says what it measured."""
+    monkeypatch.chdir(tmp_path)
+    module = types.ModuleType("ampnet_docs_page")
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    exec(compile(prelude(), "docs/getting_started.md:prelude", "exec"), module.__dict__)
+    lineno, code = next((n, c) for n, c, _, _ in code_blocks("getting_started") if 'amp_enabled="auto"' in c)
+    exec(compile(code, f"docs/getting_started.md:{lineno}", "exec"), module.__dict__)
+    result = module.net.amp_autotune_
+    assert result.source == "measured" and "timed pairs" in result.note
+    assert len(module.net.history) * len(module.net.history[-1]["batches"]) >= 64
+
+
 @pytest.mark.parametrize("page", ["index", "user_guide/performance"])
 def test_the_top_figure_names_its_machine(page):
     alt = next(line for line in read(page).splitlines() if line.startswith(":alt: Epoch time per contender"))

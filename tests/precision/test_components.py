@@ -439,6 +439,11 @@ def test_a_misspelled_name_is_refused_with_the_close_one(name, close, classifier
     assert (hint in str(info.value)) is (close is not None)
     assert str(info.value).count("Did you mean") == (close is not None)  # once, on a fitted net too
     assert net.get_params().keys() == before.keys() and net.grad_scaler_.get_growth_factor() == 2.0
+    if "__" in name:  # a net not initialized yet keeps a prefixed name, as skorch's does: initialize() refuses it
+        fresh = AmpNetClassifier(Logits).set_params(**{name: 4})
+        with pytest.raises(ValueError, match="unexpected argument") as info:
+            fresh.initialize()
+        assert (hint in str(info.value)) is (close is not None)
 
 
 def test_a_value_error_gets_no_name_hint():
