@@ -15,6 +15,7 @@ import torch
 from sklearn.base import clone
 
 from ampnet import AmpNetRegressor
+from ampnet.exceptions import AmpWarning
 from ampnet.precision.kinds import Float8Precision, MixedPrecision
 from ampnet.precision.kinds.float8 import float8_layers
 
@@ -334,3 +335,14 @@ def test_onnx_export_writes_plain_float32_linears(data, tmp_path):
     (out,) = session.run(None, {session.get_inputs()[0].name: data[0][:4]})
     n.set_params(amp_enabled=False)  # float32, the same weights: what the export computes
     np.testing.assert_allclose(out, n.predict(data[0][:4]), rtol=1e-5, atol=1e-5)
+
+
+def test_a_module_with_no_layer_in_float8_says_so(data):
+    """A new user's 20-16-2 MLP: its two linear layers are the first and the last, kept in bfloat16; the
+    net said nothing and trained as bfloat16 under the name float8."""
+    float8_linear()
+    small = torch.nn.Sequential(torch.nn.Linear(data[0].shape[1], 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    with pytest.warns(AmpWarning, match=r"runs no layer of this module in float8 \(0: kept in bfloat16: the first "
+                                        r"linear layer; 2: kept in bfloat16: the last linear layer\)"):
+        n = AmpNetRegressor(small, max_epochs=1, verbose=0, **FLOAT8).initialize()
+    assert not any(type(m).__name__ == "Float8Linear" for m in n.module_.modules())

@@ -127,7 +127,13 @@ class Float8Precision(MixedPrecision):
         super().attach(module, trimmed, layout)
         float8, _ = _torchao()
         root = module_root(module)
-        chosen = {n for n, why in self.layer_notes(root).items() if why == "float8"}
+        notes = self.layer_notes(root)
+        chosen = {n for n, why in notes.items() if why == "float8"}
+        if not chosen:
+            reasons = "; ".join(f"{n or 'the module'}: {why}" for n, why in notes.items()) or "it has no nn.Linear"
+            amp_warn(f"amp_dtype='float8' runs no layer of this module in float8 ({reasons}): it trains as "
+                     "amp_dtype='bfloat16' would. Fix: amp_float8__keep_first_last=False, or linear layers whose "
+                     "sizes are multiples of 16; net.precision_report(X, y) shows each layer's reason.")
         if self._device_type != "cuda":
             amp_warn("amp_dtype='float8' on a CPU runs torchao's emulation: the numerics of float8 training, "
                      "not its speed (float8 matmuls need a GPU of compute capability 8.9 or newer).")
