@@ -56,7 +56,7 @@ import torch
 
 from ampnet.config.params import parsed
 
-__all__ = ["cache_dir", "entry_path", "cache_key", "read_entry", "write_entry", "forget_entry", "expired",
+__all__ = ["cache_dir", "entry_path", "cache_key", "read_bytes", "read_entry", "write_entry", "forget_entry", "expired",
            "MAX_BYTES", "MAX_ENTRIES", "MIN_STEP_S", "MAX_STEP_S", "EXPIRES_S"]
 
 #: The most bytes an entry may have; a larger file is refused unread.
@@ -223,7 +223,7 @@ def _path(folder: str, key: Mapping[str, Any]) -> str:
     return os.path.join(folder, f"{_PREFIX}{digest}.json")
 
 
-def _read_bytes(path: str) -> bytes | None:
+def read_bytes(path: str) -> bytes | None:
     """At most :data:`MAX_BYTES` + 1 bytes of the regular file ``path``;
     None where there is no file."""
     flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
@@ -273,7 +273,7 @@ def read_entry(key: Mapping[str, Any], folder: str | None = None) -> tuple[dict[
     caller's to judge."""
     path = _path(folder or cache_dir(), key)
     try:
-        raw = _read_bytes(path)
+        raw = read_bytes(path)
         if raw is None:
             return None, None
         if len(raw) > MAX_BYTES:
@@ -340,7 +340,7 @@ def _ours(path: str) -> bool:
     """Whether the file ``path`` holds an entry that ampnet wrote (a JSON
     object with this cache's ``version`` and a ``key``)."""
     try:
-        raw = _read_bytes(path)
+        raw = read_bytes(path)
         entry = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant) if raw else None
     except (OSError, ValueError, UnicodeDecodeError, RecursionError):
         return False

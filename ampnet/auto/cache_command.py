@@ -17,7 +17,6 @@ import datetime
 import json
 import os
 import re
-import stat
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,19 +54,12 @@ class Entry:
 def _read_entry(path: str) -> Entry | None:
     """The entry in ``path``: None where it is not a regular file that holds
     one of ampnet's entries (at most :data:`ampnet.auto.cache.MAX_BYTES`)."""
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
     try:
-        fd = os.open(path, flags)
-    except OSError:
+        raw = cache.read_bytes(path)  # a regular file only, no link followed, MAX_BYTES + 1 bytes at most
+    except (OSError, ValueError):
         return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        raw = os.read(fd, cache.MAX_BYTES + 1)
-    except OSError:
+    if raw is None:
         return None
-    finally:
-        os.close(fd)
     try:
         data = json.loads(raw.decode("utf-8")) if len(raw) <= cache.MAX_BYTES else None
     except (ValueError, UnicodeDecodeError, RecursionError):
