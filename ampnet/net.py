@@ -34,7 +34,7 @@ from ampnet import auto
 from ampnet.config import reconfigure
 from ampnet.config.net_state import all_or_nothing
 from ampnet.config.no_effect import warn_ineffective_settings
-from ampnet.training import step as steps
+from ampnet.training import lean, step as steps
 from ampnet.config.docstrings import amp_doc
 from ampnet.callbacks.checkpoint import epochs_to_run
 from ampnet.diagnostics.doctor_hooks import adapt_recording_hooks
@@ -494,6 +494,8 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin, ReportsMixin):
         # classifier's): on a tensor on the device they only call the module and the criterion
         state.plain_infer = _next_in_mro(type(self), "infer") is NeuralNet.infer
         state.plain_loss = _next_in_mro(type(self), "get_loss") in (NeuralNet.get_loss, NeuralNetClassifier.get_loss)
+        # the step's methods ampnet's or skorch's own: the lean epoch may stand for them (ampnet.training.lean)
+        state.plain_step = all(_is_own(type(self), name) for name in lean.STEP_METHODS)
 
     def on_epoch_begin(self, net, dataset_train=None, dataset_valid=None, **kwargs):
         super().on_epoch_begin(net, dataset_train=dataset_train, dataset_valid=dataset_valid, **kwargs)
@@ -599,6 +601,14 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin, ReportsMixin):
                 and self.predict_nonlinearity == "auto":
             return kept
         return super()._get_predict_nonlinearity()
+
+
+def _is_own(cls: type, name: str) -> bool:
+    """Whether ``cls``'s method ``name`` is ampnet's or skorch's, not a subclass's."""
+    for klass in cls.__mro__:
+        if name in vars(klass):
+            return klass is AmpNetMixin or klass.__module__.split(".")[0] == "skorch"
+    return False
 
 
 def _next_in_mro(cls: type, name: str) -> Any:

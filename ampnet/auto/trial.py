@@ -256,12 +256,17 @@ class Trial:
         if state.micro_batches == 0:  # the step ended
             reading = self.clock.stop(self._mark)
             if self.decided:
-                if len(self.watched) >= WATCHED:  # the epoch's latest steps, a bounded number
-                    self.watched.pop(0)
-                self.watched.append(reading)
+                self.watch(reading)
             else:
                 self._end_step(net, self._current, reading)
         return out
+
+    def watch(self, reading: Any) -> None:
+        """Keep a step's ``reading`` of the chosen setting (the epoch's
+        latest :data:`WATCHED`), for the watch at the epoch's end."""
+        if len(self.watched) >= WATCHED:
+            self.watched.pop(0)
+        self.watched.append(reading)
 
     def _next(self) -> int:
         """The candidate of the next measured step: float32 and mixed

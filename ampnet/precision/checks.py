@@ -6,7 +6,8 @@ from typing import Iterable
 
 import torch
 
-__all__ = ["check_and_unscale_", "nonfinite_grads", "grads_by_device_dtype", "unscale_flag"]
+__all__ = ["check_and_unscale_", "nonfinite_grads", "grads_by_device_dtype", "unscale_flag", "fused_check_fits",
+           "fused_nonfinite"]
 
 #: Up to this many gradient values per device and dtype, one fused kernel
 #: checks them (fewest dispatches); above, one sum per tensor (read-only,
@@ -125,6 +126,32 @@ def nonfinite_grads(
             found = (~sums.isfinite()).any().to(torch.float32)
         flags.append(found if device is None or found.device == device else found.to(device, non_blocking=True))
     return _total(flags, device)
+
+
+def fused_check_fits(params: list[torch.Tensor], sparse: bool) -> bool:
+    """Whether :func:`nonfinite_grads` checks the gradients of ``params``
+    with its fused check whenever they all have one, decided once from the
+    parameters: one device and dtype, dense (``sparse``: a module of theirs
+    may give sparse gradients, which it takes its other way), and a size
+    for which the fused check pays. Then :func:`fused_nonfinite` gives the
+    same flag, with less Python."""
+    if not params or sparse:
+        return False
+    first = params[0]
+    for p in params:
+        if p.layout != torch.strided or p.dtype != first.dtype or p.device != first.device:
+            return False
+    return _kernel_takes(first) and _fused_check_pays(first.device, params)
+
+
+def fused_nonfinite(grads: list[torch.Tensor], one: torch.Tensor) -> torch.Tensor:
+    """:func:`nonfinite_grads`'s fused check of ``grads`` (dense, of one
+    device and dtype, where :func:`fused_check_fits`), ``one`` a float32 one
+    on their device: a new float32 flag, > 0 where a value is inf or NaN;
+    the gradients bitwise unchanged."""
+    found = one.new_zeros(())
+    torch._amp_foreach_non_finite_check_and_unscale_(grads, found, one)
+    return found
 
 
 def unscale_flag(params: Iterable[torch.Tensor], device: torch.device) -> torch.Tensor:

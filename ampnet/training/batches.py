@@ -124,6 +124,8 @@ class ArraySource:
     def gather(self, idx: torch.Tensor, pinned: bool = False) -> list[Any]:
         """The batch of rows ``idx``: ``[X, y]`` as skorch's ``DataLoader``
         collates it (new tensors; ``pinned``: in pinned host memory)."""
+        if not pinned and self.y is not None and type(self.X) is torch.Tensor:  # the common case, briefly
+            return [torch.index_select(self.X, 0, idx), torch.index_select(self.y, 0, idx)]
         def take(t: torch.Tensor) -> torch.Tensor:
             if pinned:
                 out = torch.empty((len(idx), *t.shape[1:]), dtype=t.dtype, pin_memory=True)

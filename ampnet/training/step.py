@@ -27,6 +27,7 @@ from skorch.dataset import get_len
 from skorch.utils import TeeGenerator
 
 from ampnet.utils.tree import has_nonfinite, nonfinite_flag
+from ampnet.training import lean
 from ampnet.training.batches import ArrayBatches
 from ampnet.training.records import PENDING, BatchRecords, DeferredHistory, SkipGuard, StepEntry, current_row
 from ampnet.exceptions import AmpDivergenceError, AmpStateError, amp_warn
@@ -99,6 +100,7 @@ class StepState:
     guard: Any = None  # during a fit on a GPU: ampnet.training.records.SkipGuard
     plain_infer: bool = False  # during a fit: skorch's own infer and get_loss come next (ampnet.net)
     plain_loss: bool = False
+    plain_step: bool = False  # during a fit: the step's methods are ampnet's and skorch's (ampnet.training.lean)
     float32_step: bool = False  # while amp_enabled='auto' measures a float32 step: no autocast (ampnet.net)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -526,7 +528,7 @@ def end_fit(net: Any) -> None:
         state.records.flush()
     state.records, state.sources, state.batch_source, state.listeners = None, None, None, None
     state.modules = state.row = state.guard = None
-    state.plain_infer = state.plain_loss = False
+    state.plain_infer = state.plain_loss = state.plain_step = False
 
 
 #: The callback events of every batch, which :func:`listeners` dispatches.
@@ -747,12 +749,16 @@ def run_epoch(net: Any, iterator: Any, training: bool, prefix: str, step_fn: Any
         history.attach(records)
     deferring = records is not None and training and isinstance(iterator, ArrayBatches)
     state.batch_source = iterator if deferring else None
+    plan = lean.plan(net, iterator, training, deferring, step_fn, fit_params)
     if training and net.gradient_accumulation_steps > 1:
         iterator = flag_last(iterator, state)
     loss_key, size_key = prefix + "_loss", prefix + "_batch_size"
     batch_count = 0
+    batches = iter(iterator)
     try:
-        for batch in iterator:
+        if plan is not None:  # the common configuration's loop, until a callback changes the net
+            batch_count = lean.run_batches(net, plan, batches, state.batch_source, prefix)
+        for batch in batches:
             net.notify("on_batch_begin", batch=batch, training=training)
             state.row = row = current_row(history)
             step = step_fn(batch, **fit_params)
