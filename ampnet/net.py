@@ -299,8 +299,16 @@ class AmpNetMixin(PersistenceMixin, ConversionMixin, ReportsMixin):
 
     def run_single_epoch(self, iterator, training, prefix, step_fn, **fit_params):
         """skorch's loop over an epoch's batches, with no host read per batch
-        (``ampnet.training.step.run_epoch``)."""
-        steps.run_epoch(self, iterator, training, prefix, step_fn, **fit_params)
+        (``ampnet.training.step.epoch_run``): in the lean epoch where it
+        applies (``ampnet.training.lean``), then, or else, through skorch's
+        protocol (``ampnet.training.step.protocol_batches``)."""
+        if iterator is None:
+            return
+        with steps.epoch_run(self, iterator, training, prefix) as run:
+            plan = lean.plan(self, run, training, step_fn, fit_params)
+            if plan is not None:  # until a callback changes what the plan rests on
+                run.count = lean.run_batches(self, plan, run.batches, run.source, prefix)
+            steps.protocol_batches(self, run, training, prefix, step_fn, **fit_params)
 
     def initialize_history(self):
         """skorch's history, as a ``ampnet.training.records.DeferredHistory``

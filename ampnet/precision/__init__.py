@@ -16,7 +16,7 @@ from ampnet.precision.compensated import KEY as COMPENSATION_KEY
 from ampnet.precision.compensated import compensation_of, drop_compensation
 from ampnet.precision.compensated import FLOAT16_SAFE as FLOAT16_SAFE_COMPENSATED
 from ampnet.precision.compensated import SUPPORTED as SUPPORTED_COMPENSATED
-from ampnet.precision.checks import grads_by_device_dtype
+from ampnet.precision.checks import fused_check_fits, fused_nonfinite, grads_by_device_dtype, nonfinite_grads
 from ampnet.precision.component import NO_CONTEXT, Precision, module_root
 from ampnet.precision.scaler_build import build_scaler
 from ampnet.precision.kinds import precision_class  # imports the kinds: Precision(settings, scaler) builds one
@@ -65,6 +65,9 @@ __all__ = [
     "check_device",
     "compensation_of",
     "grads_by_device_dtype",
+    "fused_check_fits",
+    "fused_nonfinite",
+    "nonfinite_grads",
     "drop_compensation",
     "dtype_name",
     "keep_kernels",

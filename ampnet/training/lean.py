@@ -1,8 +1,8 @@
 """The lean epoch: the training loop of the common configuration, with
 each batch's whole protocol in one function.
 
-:func:`ampnet.training.step.run_epoch` runs an epoch through skorch's
-protocol, a method per stage (``notify``, ``train_step``,
+:func:`ampnet.training.step.protocol_batches` runs an epoch's batches
+through skorch's protocol, a method per stage (``notify``, ``train_step``,
 ``train_step_single``, ``infer``, ``get_loss``, ``backward``,
 ``optimizer_step``), each asking again what this net needs. On a small
 model that protocol is the step's cost: a 20-32-2 MLP's step on one CPU
@@ -17,11 +17,11 @@ streams; only the Python around them is less. What it covers:
   scaling, no ``AmpMonitor``, no LR scheduler stepping every batch, no data
   parallelism, no gradient accumulation, no closure optimizer;
 - ampnet's and skorch's own step methods (a subclass overriding one of
-  :data:`STEP_METHODS`, ``infer`` or ``get_loss``, keeps the protocol),
-  tensor features, no ``fit_params``, a criterion other than ``NLLLoss``;
+  :data:`STEP_METHODS` keeps the protocol), tensor features, no ``fit_params``;
 - any kind of precision without float32 master weights, with the
-  non-finite check on (each optimizer then a fused one, which skips on the
-  device) or off;
+  non-finite check on or off (an optimizer that cannot skip on the device,
+  not a fused one, has each step decided after one host read, as in the
+  protocol, whose code takes that step);
 - ``amp_enabled='auto'`` once it has chosen (its watch times each step).
 
 A callback that acts on a batch event may change the net (``set_params``);
@@ -35,22 +35,29 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
+from skorch.classifier import NeuralNetClassifier
 from skorch.dataset import get_len
+from skorch.utils import TeeGenerator
 
-from ampnet.precision.checks import fused_check_fits, fused_nonfinite, nonfinite_grads
-from ampnet.precision.component import NO_CONTEXT
+from ampnet.precision import Precision, autocast_dtype_error, fused_check_fits, fused_nonfinite, nonfinite_grads
 from ampnet.training.batches import ArrayBatches
 from ampnet.training.records import PENDING, StepEntry
+from ampnet.training.step import _records, _step_on_host, current_scale
 from ampnet.training.output_checks import check_loss_inputs, check_loss_value
 
-__all__ = ["STEP_METHODS", "LeanPlan", "plan", "run_batches"]
+__all__ = ["STEP_METHODS", "PRECISION_HOOKS", "LeanPlan", "plan", "run_batches"]
 
 #: The net's methods of the step that the lean epoch stands for: a subclass
 #: that overrides one of them gets skorch's protocol (see ``AmpNetMixin.on_train_begin``).
 STEP_METHODS = (
     "train_step", "train_step_single", "backward", "optimizer_step", "_zero_grad_optimizer", "notify",
-    "_set_training", "infer", "get_loss", "on_grad_computed",
+    "_set_training", "infer", "get_loss", "on_grad_computed", "get_all_learnable_params",
 )
+
+
+#: The precision's hooks of the step that the lean epoch leaves out (the base
+#: ``Precision``'s do nothing there): a kind overriding one keeps the protocol.
+PRECISION_HOOKS = ("backward", "gather_grads", "zero_grad", "check", "step_context", "after_step", "update")
 
 
 @dataclass(slots=True)
@@ -60,6 +67,7 @@ class LeanPlan:
     key: tuple  # what the plan rests on, by identity (:func:`_key`)
     module: torch.nn.Module
     criterion: Any
+    log_probs: bool  # skorch's classifier with NLLLoss: the loss of the log of the probabilities
     optimizers: tuple  # (name, optimizer, its parameters)
     names: tuple  # the optimizers' names
     context: Any  # the forward pass's context (autocast), or NO_CONTEXT
@@ -74,6 +82,7 @@ class LeanPlan:
     grad_listeners: bool  # on_grad_computed is called
     guarded: bool  # a batch callback not skorch's or ampnet's own: after it, the plan is checked against the net
     watch: Any  # amp_enabled='auto''s trial once it has chosen (its watch), else None
+    host_step: Any  # the protocol's step after one host read (an optimizer that cannot skip on the device)
 
 
 def _key(net: Any) -> tuple:
@@ -89,15 +98,13 @@ def _key(net: Any) -> tuple:
     )
 
 
-def plan(net: Any, iterator: Any, training: bool, deferring: bool, step_fn: Any, fit_params: dict) -> LeanPlan | None:
-    """The plan of a lean epoch over ``iterator``, or None where the epoch
-    takes skorch's protocol (see the module's docs for when).
-
-    ``deferring``: the epoch's steps may leave their outcome on the device
-    (``run_epoch`` says).
-    """
+def plan(net: Any, run: Any, training: bool, step_fn: Any, fit_params: dict) -> LeanPlan | None:
+    """The plan of a lean epoch for ``run`` (``ampnet.training.step.EpochRun``),
+    or None where the epoch takes skorch's protocol (see the module's docs
+    for when)."""
     state = net.amp_step_state_
-    if not (training and deferring and not fit_params and isinstance(iterator, ArrayBatches)):
+    iterator = run.source
+    if not (training and run.deferring and not fit_params and isinstance(iterator, ArrayBatches)):
         return None
     if not (state.plain_step and state.plain_infer and state.plain_loss and state.defer):
         return None
@@ -109,29 +116,30 @@ def plan(net: Any, iterator: Any, training: bool, deferring: bool, step_fn: Any,
     if trial is not None and not trial.decided:
         return None
     prec = net.precision_
+    if any(getattr(type(prec), hook) is not getattr(Precision, hook) for hook in PRECISION_HOOKS):
+        return None  # a kind with its own step (compensated): the protocol calls its hooks
     if prec.masters or prec.scaling or net.gradient_accumulation_steps != 1 or net.parallel_.ddp is not None:
         return None
     criterion = net.criterion_
-    if isinstance(criterion, torch.nn.NLLLoss):  # skorch's classifier takes the log of probabilities first
-        return None
     check = bool(prec.settings.skip_nonfinite)
     optimizers = []
+    host = False
     for name in net._optimizers:
         optimizer = getattr(net, name + "_")
-        if check and not getattr(optimizer, "_step_supports_amp_scaling", False):
-            return None  # it would skip only after a host read: the protocol's path
+        # an optimizer that cannot skip on the device: each step is decided after one host read
+        host = host or (check and not getattr(optimizer, "_step_supports_amp_scaling", False))
         optimizers.append((name, optimizer, [p for group in optimizer.param_groups for p in group["params"]]))
     device = torch.device(net.device) if net.device is not None else None
     sparse = any(getattr(m, "sparse", False) is True for m in net.module_.modules())
     one = prec._one(device) if check and device is not None else None
     listeners = state.listeners
     begin, end = tuple(listeners["on_batch_begin"]), tuple(listeners["on_batch_end"])
-    from ampnet.training.step import _records, current_scale  # the protocol's own answers
 
     return LeanPlan(
         key=_key(net),
         module=net.module_,
         criterion=criterion,
+        log_probs=isinstance(criterion, torch.nn.NLLLoss) and isinstance(net, NeuralNetClassifier),
         optimizers=tuple(optimizers),
         names=tuple(name for name, _, _ in optimizers),
         context=prec.forward_context(),
@@ -146,6 +154,7 @@ def plan(net: Any, iterator: Any, training: bool, deferring: bool, step_fn: Any,
         grad_listeners=bool(listeners["on_grad_computed"]),
         guarded=any(not _own(cb, "on_batch_begin") for cb in begin) or any(not _own(cb, "on_batch_end") for cb in end),
         watch=trial,
+        host_step=_step_on_host if host else None,
     )
 
 
@@ -159,7 +168,7 @@ def run_batches(net: Any, lean: LeanPlan, batches: Iterator[Any], iterator: Arra
     module, criterion, optimizers, names = lean.module, lean.criterion, lean.optimizers, lean.names
     context, convert_output, one = lean.context, lean.convert_output, lean.one
     begin, end, watch = lean.begin, lean.end, lean.watch
-    check, grad_listeners = lean.check, lean.grad_listeners
+    check, grad_listeners, log_probs, host_step = lean.check, lean.grad_listeners, lean.log_probs, lean.host_step
     guarded, fused = lean.guarded, lean.fused
     loss_key, size_key = prefix + "_loss", prefix + "_batch_size"
     device = net.device
@@ -189,7 +198,10 @@ def run_batches(net: Any, lean: LeanPlan, batches: Iterator[Any], iterator: Arra
             if state.check_loss_inputs:  # the fit's first training batch (get_loss)
                 state.check_loss_inputs = False
                 state.not_probabilities = check_loss_inputs(net, y_pred, yi)
-            loss = criterion(y_pred, yi)
+            if log_probs:  # skorch's NeuralNetClassifier.get_loss
+                loss = criterion(torch.log(y_pred + torch.finfo(y_pred.dtype).eps), yi)
+            else:
+                loss = criterion(y_pred, yi)
         if not (type(loss) is torch.Tensor and loss.is_floating_point()):
             check_loss_value(net, loss)
         loss.backward()
@@ -202,18 +214,23 @@ def run_batches(net: Any, lean: LeanPlan, batches: Iterator[Any], iterator: Arra
             state.stepped_batch, last = frozenset(stepped), stepped
         if grad_listeners:
             net.notify("on_grad_computed", named_parameters=_tee(net), batch=batch, training=True)
-        if flags and state.guard is not None:
-            flags = state.guard.apply(flags)
-        for i, (_, optimizer, _) in enumerate(active):
-            _step(optimizer, flags[i] if flags else None)
-        if lean.records:
-            row["step_skipped"] = PENDING
-            row["loss_scale"] = lean.scale
-        records.add_step(StepEntry([(index, row)], flags, stepped, [loss_value],
-                                   sources=[(iterator.source, iterator.rows_of(batch))]))
+        sources = [(iterator.source, iterator.rows_of(batch))]
+        if host_step is not None:  # the protocol's step: read, step, written at once
+            state.row, state.losses, state.group_rows, state.group_sources = (index, row), [loss_value], [(index, row)], sources
+            host_step(net, state, batch, {}, active, flags)
+            state.row = None
+        else:
+            if flags and state.guard is not None:
+                flags = state.guard.apply(flags)
+            for i, (_, optimizer, _) in enumerate(active):
+                _step(optimizer, flags[i] if flags else None)
+            if lean.records:
+                row["step_skipped"] = PENDING
+                row["loss_scale"] = lean.scale
+            records.add_step(StepEntry([(index, row)], flags, stepped, [loss_value], sources=sources))
         if watch is not None:
             watch.watch(watch.clock.stop(mark))
-        # run_epoch's records of the batch, then on_batch_end
+        # the batch's records (as protocol_batches writes them), then on_batch_end
         records.add_value(row, loss_key, loss_value)
         row[size_key] = Xi.shape[0] if Xi.dim() else get_len(Xi)
         net.on_batch_end(net, batch=batch, training=True, loss=loss, y_pred=y_pred)
@@ -272,14 +289,11 @@ def _step(optimizer: torch.optim.Optimizer, found: torch.Tensor | None) -> None:
 
 
 def _tee(net: Any) -> Any:
-    from skorch.utils import TeeGenerator
-
     return TeeGenerator(net.get_all_learnable_params())
 
 
 def _raise_dtype_error(net: Any, exc: RuntimeError, x: Any) -> None:
     """``infer``'s explanation of a dtype error under autocast, raised from ``exc``."""
-    from ampnet.precision import autocast_dtype_error
 
     prec = net.precision_
     error = autocast_dtype_error(exc, x, net.__dict__.get("module_"), prec.policy.name)

@@ -27,7 +27,6 @@ from skorch.dataset import get_len
 from skorch.utils import TeeGenerator
 
 from ampnet.utils.tree import has_nonfinite, nonfinite_flag
-from ampnet.training import lean
 from ampnet.training.batches import ArrayBatches
 from ampnet.training.records import PENDING, BatchRecords, DeferredHistory, SkipGuard, StepEntry, current_row
 from ampnet.exceptions import AmpDivergenceError, AmpStateError, amp_warn
@@ -42,7 +41,9 @@ __all__ = [
     "begin_fit",
     "end_fit",
     "begin_epoch",
-    "run_epoch",
+    "EpochRun",
+    "epoch_run",
+    "protocol_batches",
     "finish_step",
     "finish_applied",
     "MAX_PENDING",
@@ -732,14 +733,34 @@ def uses_closure(net: Any, scaling: bool, skip_nonfinite: bool, accumulation: in
 # ---- epochs and callbacks ------------------------------------------------------------
 
 
-def run_epoch(net: Any, iterator: Any, training: bool, prefix: str, step_fn: Any, **fit_params: Any) -> None:
-    """skorch's ``run_single_epoch``, without a host read per batch: each
-    batch's loss goes into the history through the fit's records
-    (``ampnet.training.records``), read when the loop ends or when
-    something reads the history; the same rows, keys and values as skorch
-    writes. With gradient accumulation, the last batch is flagged."""
-    if iterator is None:
-        return
+@dataclass
+class EpochRun:
+    """One epoch's loop (:func:`epoch_run`): its history and records, its
+    batches (an iterator the lean epoch and the protocol share) and how many
+    batches ran.
+
+    ``deferring``: its steps may leave their outcome on the device (the
+    array path, the history ``DeferredHistory``); ``source``: the
+    :class:`~ampnet.training.batches.ArrayBatches` then, else None.
+    """
+
+    history: Any
+    records: Any
+    batches: Iterator[Any]
+    deferring: bool
+    source: Any
+    count: int = 0
+
+
+@contextlib.contextmanager
+def epoch_run(net: Any, iterator: Any, training: bool, prefix: str) -> Iterator[EpochRun]:
+    """skorch's ``run_single_epoch`` around its batches, without a host read
+    per batch: each batch's loss goes into the history through the fit's
+    records (``ampnet.training.records``), read when the loop ends (here)
+    or when something reads the history; the same rows, keys and values as
+    skorch writes. With gradient accumulation, the last batch is flagged.
+    The batches run in the block: the lean epoch's (``ampnet.training.lean``)
+    then :func:`protocol_batches`."""
     state = net.amp_step_state_
     history = net.history
     if type(history) is History:  # loaded (LoadInitState, load_params): the same rows, read lazily
@@ -749,29 +770,10 @@ def run_epoch(net: Any, iterator: Any, training: bool, prefix: str, step_fn: Any
         history.attach(records)
     deferring = records is not None and training and isinstance(iterator, ArrayBatches)
     state.batch_source = iterator if deferring else None
-    plan = lean.plan(net, iterator, training, deferring, step_fn, fit_params)
-    if training and net.gradient_accumulation_steps > 1:
-        iterator = flag_last(iterator, state)
-    loss_key, size_key = prefix + "_loss", prefix + "_batch_size"
-    batch_count = 0
-    batches = iter(iterator)
+    batches = flag_last(iterator, state) if training and net.gradient_accumulation_steps > 1 else iterator
+    run = EpochRun(history, records, iter(batches), deferring, iterator if deferring else None)
     try:
-        if plan is not None:  # the common configuration's loop, until a callback changes the net
-            batch_count = lean.run_batches(net, plan, batches, state.batch_source, prefix)
-        for batch in batches:
-            net.notify("on_batch_begin", batch=batch, training=training)
-            state.row = row = current_row(history)
-            step = step_fn(batch, **fit_params)
-            state.row = None
-            if records is None or row is None:
-                history.record_batch(loss_key, step["loss"].item())
-            else:
-                records.add_value(row[1], loss_key, step["loss"].detach())
-            first = batch[0] if isinstance(batch, (tuple, list)) else batch
-            history.record_batch(size_key, first.shape[0] if type(first) is torch.Tensor and first.dim()
-                                 else get_len(first))
-            net.notify("on_batch_end", batch=batch, training=training, **step)
-            batch_count += 1
+        yield run
     except BaseException:
         if records is not None:  # what was measured is written; the exception is what matters
             with contextlib.suppress(Exception):
@@ -781,7 +783,28 @@ def run_epoch(net: Any, iterator: Any, training: bool, prefix: str, step_fn: Any
         state.batch_source = state.row = None
     if records is not None:
         records.flush()
-    history.record(prefix + "_batch_count", batch_count)
+    history.record(prefix + "_batch_count", run.count)
+
+
+def protocol_batches(net: Any, run: EpochRun, training: bool, prefix: str, step_fn: Any, **fit_params: Any) -> None:
+    """The epoch's (remaining) batches through skorch's protocol: ``notify``,
+    ``step_fn`` (``train_step`` or ``validation_step``), the batch's records."""
+    state, history, records = net.amp_step_state_, run.history, run.records
+    loss_key, size_key = prefix + "_loss", prefix + "_batch_size"
+    for batch in run.batches:
+        net.notify("on_batch_begin", batch=batch, training=training)
+        state.row = row = current_row(history)
+        step = step_fn(batch, **fit_params)
+        state.row = None
+        if records is None or row is None:
+            history.record_batch(loss_key, step["loss"].item())
+        else:
+            records.add_value(row[1], loss_key, step["loss"].detach())
+        first = batch[0] if isinstance(batch, (tuple, list)) else batch
+        history.record_batch(size_key, first.shape[0] if type(first) is torch.Tensor and first.dim()
+                             else get_len(first))
+        net.notify("on_batch_end", batch=batch, training=training, **step)
+        run.count += 1
 
 
 def flag_last(iterator: Iterable[Any], state: StepState) -> Iterator[Any]:
