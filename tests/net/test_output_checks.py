@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import ampnet.net
+import ampnet.training.lean
 from ampnet import AmpNet, AmpNetBinaryClassifier, AmpNetClassifier, AmpWarning
 from checkpoint_helpers import quietly, tiny_net
 from resume_script import make_data
@@ -151,8 +152,9 @@ def test_valid_setups_train(setup, amp):
 def test_checked_on_the_first_training_batch_of_a_fit_only(monkeypatch):
     calls = []
     real = ampnet.net.check_loss_inputs
-    monkeypatch.setattr(ampnet.net, "check_loss_inputs",
-                        lambda net, y_pred, y_true: calls.append(len(y_pred)) or real(net, y_pred, y_true))
+    for module in (ampnet.net, ampnet.training.lean):  # the protocol's get_loss, and the lean epoch
+        monkeypatch.setattr(module, "check_loss_inputs",
+                            lambda net, y_pred, y_true: calls.append(len(y_pred)) or real(net, y_pred, y_true))
     X, y = data()
     net = make(module=Softmax, max_epochs=3, batch_size=24).fit(X, y)  # 3 batches an epoch
     assert calls == [24]
