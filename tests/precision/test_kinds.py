@@ -151,13 +151,15 @@ def test_new_settings_choose_the_kind_again():
 
 
 @pytest.mark.parametrize("name", list(make.NETS))
-def test_a_0_4_pickle_loads_as_its_kind_and_predicts_bitwise(name):
+def test_a_0_4_pickle_loads_as_its_kind_and_predicts_as_it_did(name):
     with open(os.path.join(HERE, "expected.json")) as f:
         expected = json.load(f)[name]
     with open(os.path.join(HERE, f"{name}.pkl"), "rb") as f:
         net = pickle.load(f)
     assert type(net.precision_) is KIND_OF[name]
     X, y = make.make_data()
-    np.testing.assert_array_equal(net.predict_proba(X), np.asarray(expected, dtype=np.float32))
+    # the 0.4 net's own predictions, stored on the machine that made the fixture: float32 kernels differ by
+    # an ulp between CPUs (an AMD EPYC and an Intel Xeon with the same torch), so within 1e-6, not bitwise
+    np.testing.assert_allclose(net.predict_proba(X), np.asarray(expected, dtype=np.float32), rtol=0, atol=1e-6)
     net.partial_fit(X, y)  # and trains on
     assert np.isfinite(net.history[-1, "train_loss"])
