@@ -218,7 +218,7 @@ def run_batches(net: Any, lean: LeanPlan, batches: Iterator[Any], iterator: Arra
         if host_step is not None:  # the protocol's step: read, step, written at once
             state.row, state.losses, state.group_rows, state.group_sources = (index, row), [loss_value], [(index, row)], sources
             host_step(net, state, batch, {}, active, flags)
-            state.row = None
+            state.row, last = None, None  # it wrote stepped_batch: the next step writes its own
         else:
             if flags and state.guard is not None:
                 flags = state.guard.apply(flags)
