@@ -8,26 +8,31 @@ LR schedulers past steps that did not happen.
 scaling, the one host read) and ``parallel_``
 (:class:`ampnet.training.parallel.Parallel`: DDP's no_sync, loss averaging and the
 any-rank decision).
+
+Beside it: the epoch's loop (:func:`epoch_run`, :func:`protocol_batches`;
+the lean epoch of the common configuration is ``ampnet.training.lean``),
+the closure path's checks (``ampnet.training.closure``) and skorch's default
+callbacks as the history needs them (``ampnet.training.default_callbacks``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import inspect
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
-import numpy as np
 import torch
 from skorch import NeuralNet
-from skorch.callbacks import Callback, LRScheduler, PassthroughScoring, PrintLog
+from skorch.callbacks import Callback, LRScheduler
 from skorch.history import History
 from skorch.dataset import get_len
 from skorch.utils import TeeGenerator
 
 from ampnet.utils.tree import has_nonfinite, nonfinite_flag
 from ampnet.training.batches import ArrayBatches
+from ampnet.training.closure import uses_closure
+from ampnet.training.default_callbacks import QuietPrintLog, TrainLoss, default_callbacks
 from ampnet.training.records import PENDING, BatchRecords, DeferredHistory, SkipGuard, StepEntry, current_row
 from ampnet.exceptions import AmpDivergenceError, AmpStateError, amp_warn
 from ampnet.config.params import is_auto, parsed
@@ -596,138 +601,6 @@ def record_epoch(net: Any) -> None:
         net.history.record("skipped_steps", state.epoch_skips)
     elif state.epoch_skips:
         net.history.record("skipped_steps", state.epoch_skips)
-
-
-class TrainLoss(PassthroughScoring):
-    """skorch's ``train_loss`` callback (``PassthroughScoring``): the
-    epoch's ``train_loss`` is the mean of the batches' ``train_loss``
-    weighted by ``train_batch_size``, over the batches whose optimizer step
-    was applied.
-
-    A batch whose step was skipped (non-finite gradients: ``step_skipped``,
-    with its ``skip_cause``; with gradient accumulation every micro-batch of
-    the group; with several optimizers, where none of them stepped) keeps
-    its own ``train_loss`` in its batch record and is left out of the mean,
-    so that one non-finite batch does not make the epoch's loss NaN; the
-    epoch's ``skipped_steps`` counts the skipped steps. An epoch without
-    skipped steps, and one without an applied step, get skorch's
-    computation (the mean over all its batches), to the bit.
-    """
-
-    def on_epoch_end(self, net: Any, **kwargs: Any) -> None:
-        state = net.__dict__.get("amp_step_state_") if self.on_train else None
-        left_out = frozenset(state.skipped_rows) if state is not None else frozenset()
-        history = net.history
-        rows = [row for i, row in enumerate(history[-1].get("batches") or [])
-                if i not in left_out and self.name in row] if left_out else []
-        if not rows:  # no step skipped, or none applied: skorch's own computation
-            super().on_epoch_end(net, **kwargs)
-            return
-        score = np.average([row[self.name] for row in rows], weights=[row["train_batch_size"] for row in rows])
-        is_best = self._is_best_score(score)
-        if is_best:
-            self.best_score_ = score
-        history.record(self.name, score)
-        if is_best is not None:
-            history.record(self.name + "_best", bool(is_best))
-
-
-class QuietPrintLog(PrintLog):
-    """skorch's ``PrintLog``, which with ``verbose=0`` and its ``sink`` left
-    at ``print`` prints nothing: then it does not build the table it would
-    not print (a few hundred Python calls an epoch), and otherwise is skorch's."""
-
-    def on_epoch_end(self, net: Any, **kwargs: Any) -> None:
-        if self.sink is print and not net.verbose:
-            self.first_iteration_ = False  # as after skorch's silent first epoch
-            return
-        super().on_epoch_end(net, **kwargs)
-
-
-def default_callbacks(callbacks: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
-    """skorch's default callbacks, with :class:`TrainLoss` as ``train_loss``
-    and :class:`QuietPrintLog` as ``print_log``."""
-    out = []
-    for name, cb in callbacks:
-        if name == "train_loss" and type(cb) is PassthroughScoring:
-            cb = TrainLoss(name="train_loss", on_train=True)
-        elif name == "print_log" and type(cb) is PrintLog:
-            cb = QuietPrintLog()
-        out.append((name, cb))
-    return out
-
-
-# ---- checks -----------------------------------------------------------------------
-
-
-def _closure_param(optimizer: torch.optim.Optimizer) -> inspect.Parameter | None:
-    try:
-        return inspect.signature(optimizer.step).parameters.get("closure")
-    except (TypeError, ValueError):
-        return None
-
-
-def needs_closure(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether ``optimizer.step`` requires a closure (e.g. LBFGS)."""
-    param = _closure_param(optimizer)
-    return param is not None and param.default is inspect.Parameter.empty
-
-
-def may_use_closure(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether ``optimizer.step`` takes an optional closure that it may
-    evaluate in its own way: true for optimizers outside ``torch.optim``
-    (torch's own call an optional closure once, before updating)."""
-    if _closure_param(optimizer) is None:
-        return False
-    return not type(optimizer).__module__.startswith("torch.optim")
-
-
-def uses_closure(net: Any, scaling: bool, skip_nonfinite: bool, accumulation: int) -> bool:
-    """Whether ``net``'s optimizers take skorch's closure path; refuse what
-    cannot work.
-
-    Optimizers that require a closure (LBFGS) take skorch's closure path,
-    which loss scaling and gradient accumulation cannot share. Without
-    loss scaling, custom optimizers (outside ``torch.optim``) whose step
-    takes an optional closure keep skorch's path too, so that they get the
-    closure as in skorch.
-
-    Raises
-    ------
-    ValueError
-      A closure optimizer with loss scaling or gradient accumulation.
-    """
-    optimizers = {
-        n: getattr(net, n + "_", None) for n in net._optimizers if getattr(net, n + "_", None) is not None
-    }
-    closure = [n for n, opt in optimizers.items() if needs_closure(opt)]
-    if not closure:
-        optional = [n for n, opt in optimizers.items() if may_use_closure(opt)]
-        on = bool(optional and not scaling and accumulation == 1)
-        if on and skip_nonfinite:
-            names = ", ".join(f"{n} ({type(optimizers[n]).__name__})" for n in optional)
-            amp_warn(
-                f"Optimizer {names} takes an optional closure, so ampnet steps it through "
-                "skorch's closure path, as skorch does: the non-finite guard "
-                "(amp_skip_nonfinite), step_skipped records and LR-scheduler holding do not "
-                "apply to it. Set amp_skip_nonfinite=False to accept this, or use an "
-                "optimizer from torch.optim.")
-        return on
-    names = ", ".join(f"{n} ({type(optimizers[n]).__name__})" for n in closure)
-    if scaling:
-        raise ValueError(
-            f"Optimizer {names} needs a closure, which cannot be combined with float16 "
-            "loss scaling: every closure evaluation would see scaled gradients and "
-            "only the first would be checked for overflow. Fix: use "
-            "amp_dtype='bfloat16' (no loss scaling), amp_enabled=False, or a "
-            "first-order optimizer such as torch.optim.Adam."
-        )
-    if accumulation > 1:
-        raise ValueError(
-            f"Optimizer {names} needs a closure, which cannot be combined with "
-            f"gradient_accumulation_steps={accumulation}. Fix: set gradient_accumulation_steps=1."
-        )
-    return True
 
 
 # ---- epochs and callbacks ------------------------------------------------------------

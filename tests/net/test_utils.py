@@ -5,7 +5,7 @@ import torch
 
 from ampnet.utils.tree import has_nonfinite
 from ampnet.precision.checks import nonfinite_grads
-from ampnet.training.step import may_use_closure, needs_closure
+from ampnet.training.closure import may_use_closure, needs_closure
 
 
 def param_with_grad(values, dtype=torch.float32):

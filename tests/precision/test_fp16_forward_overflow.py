@@ -20,7 +20,7 @@ from skorch import NeuralNetClassifier
 
 from ampnet import AmpNetClassifier
 from ampnet.exceptions import AmpWarning
-from ampnet.training.step import TrainLoss
+from ampnet.training.default_callbacks import TrainLoss
 from conftest import MLP, small_classifier
 
 
