@@ -283,3 +283,25 @@ def test_the_lean_epoch_runs_the_protocol_s_tensor_operations_and_no_more(monkey
     lean_count, protocol_count = collections.Counter(lean_ops), collections.Counter(protocol_ops)
     assert protocol_count.pop("aten.detach.default") - lean_count.pop("aten.detach.default") == 4
     assert lean_count == protocol_count
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_default_fit_on_cuda_makes_no_host_sync_per_step():
+    def syncs(n_rows):
+        X, y = _data(n_rows)
+        torch.manual_seed(0)
+        net = AmpNetClassifier(**net_kw(batch_size=16, max_epochs=1, device="cuda", amp_enabled=True))
+        net.initialize()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                net.partial_fit(X, y)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        assert net.amp_step_state_.plain_step
+        return sum("synchroniz" in str(w.message).lower() for w in caught)
+
+    syncs(64)  # warm-up
+    assert syncs(16 * 12) == syncs(16 * 4)  # 8 more steps, not one more sync
