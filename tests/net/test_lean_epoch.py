@@ -300,7 +300,6 @@ def test_a_default_fit_on_cuda_makes_no_host_sync_per_step():
                 net.partial_fit(X, y)
             finally:
                 torch.cuda.set_sync_debug_mode("default")
-        assert net.amp_step_state_.plain_step
         return sum("synchroniz" in str(w.message).lower() for w in caught)
 
     syncs(64)  # warm-up
