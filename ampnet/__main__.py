@@ -25,6 +25,7 @@ from sklearn.model_selection import train_test_split
 from sklearn.preprocessing import StandardScaler
 
 from ampnet import AmpNetClassifier
+from ampnet.auto import duration
 from ampnet.exceptions import AmpWarning
 from ampnet.config.params import is_auto
 from ampnet.precision import cpu_has_native_bf16
@@ -115,7 +116,7 @@ def _train(label: str, amp: dict, args: argparse.Namespace, data: tuple) -> tupl
     notes = sorted({str(w.message).split(";")[0].split(":")[0] for w in caught})
     tuned = getattr(net, "amp_autotune_", None)
     if tuned is not None:
-        notes.insert(0, {"measured": f"measured: its measuring steps cost {tuned.cost_s:.2f} s",
+        notes.insert(0, {"measured": f"measured: its measuring steps cost {duration(tuned.cost_s)}",
                          "cache": "the choice an earlier run stored", "device": "decided without measuring"}
                      .get(tuned.source, f"the choice {tuned.source}"))
     return (

@@ -35,7 +35,7 @@ from skorch.callbacks import LoadInitState as SkorchLoadInitState
 from ampnet.auto import cache
 from ampnet.auto.cache_command import main as manage_cache
 from ampnet.auto.enabled import (
-    AutotuneResult, candidate_params, device_choice, label, settings_of, table_of,
+    AutotuneResult, candidate_params, device_choice, duration, label, settings_of, table_of,
 )
 from ampnet.auto.fp32_modules import resolve_fp32_modules, split_params
 from ampnet.auto.saved import enabled_choice, fp32_choice, plan_choices, write_choices
@@ -51,7 +51,7 @@ from ampnet.config.params import is_auto
 from ampnet.utils.random_state import kept_random_state
 
 __all__ = ["resolve", "train_step", "end_epoch", "end_fit", "AutotuneResult", "write_choices", "plan_choices",
-           "manage_cache", "check_choosable", "drop_stale_choice"]
+           "manage_cache", "check_choosable", "drop_stale_choice", "duration"]
 
 
 def resolve(net: Any, X: Any, y: Any = None, **fit_params: Any) -> None:

@@ -113,11 +113,19 @@ class AutotuneResult:
         if self.steps_run:
             shown = ", ".join(_short(s) for s in self.steps_run)
             lines.append(f"Steps 1-{len(self.steps_run)} ran in: {shown}; the rest in {_short(self.chosen)}. "
-                         f"Cost: {self.cost_s:.2f} s.")
+                         f"Cost: {duration(self.cost_s)}.")
         for text in (self.note, self.check, self.cache):
             if text:
                 lines.append(_sentence(text))
         return "\n".join(lines)
+
+
+def duration(seconds: float) -> str:
+    """``seconds`` in words a reader takes in: milliseconds under a second
+    (``'3 ms'``, not ``'0.00 s'``), else seconds with two decimals."""
+    if seconds < 1.0:
+        return f"{seconds * 1e3:.0f} ms" if seconds >= 0.0005 or seconds == 0 else "under 1 ms"
+    return f"{seconds:.2f} s"
 
 
 def _sentence(text: str) -> str:

@@ -379,3 +379,13 @@ def test_a_measurement_whose_steps_keep_being_skipped_gives_up_and_stores_nothin
     assert result.cache.startswith("not stored in ") and "the measurement did not decide" in result.cache
     assert list(auto_cache_dir.iterdir()) == []
 
+
+
+@pytest.mark.parametrize("seconds, text", [(0.0, "0 ms"), (0.0003, "under 1 ms"), (0.0034, "3 ms"), (0.05, "50 ms"),
+                                           (0.9994, "999 ms"), (1.0, "1.00 s"), (12.345, "12.35 s")])
+def test_a_measurement_s_cost_reads_in_milliseconds_under_a_second(seconds, text):
+    from ampnet.auto import AutotuneResult, duration
+
+    assert duration(seconds) == text
+    result = AutotuneResult({"amp_enabled": True}, source="measured", steps_run=["float32", "mixed"], cost_s=seconds)
+    assert f"Cost: {text}." in str(result)
