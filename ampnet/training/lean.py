@@ -18,15 +18,18 @@ streams; only the Python around them is less. What it covers:
   parallelism, no gradient accumulation, no closure optimizer;
 - ampnet's and skorch's own step methods (a subclass overriding one of
   :data:`STEP_METHODS` keeps the protocol), tensor features, no ``fit_params``;
-- any kind of precision without float32 master weights, with the
-  non-finite check on or off (an optimizer that cannot skip on the device,
+- any kind of precision without float32 master weights whose step hooks
+  (:data:`PRECISION_HOOKS`) are the base ``Precision``'s (compensated pure
+  bf16 has its own, and keeps the protocol), with the non-finite check on
+  or off (an optimizer that cannot skip on the device,
   not a fused one, has each step decided after one host read, as in the
   protocol, whose code takes that step);
 - ``amp_enabled='auto'`` once it has chosen (its watch times each step).
 
-A callback that acts on a batch event may change the net (``set_params``);
-after it, the plan is checked against the net and, where anything it rests
-on changed, the epoch's remaining batches take the protocol.
+A callback that acts on a batch event, other than skorch's and ampnet's own,
+may change the net (``set_params``); after each of its calls the plan is
+checked against the net and, where anything it rests on changed, the
+epoch's remaining batches take the protocol.
 """
 
 from __future__ import annotations
