@@ -19,15 +19,7 @@ from ampnet.callbacks import AmpMonitor
 from ampnet.training import lean
 
 from conftest import MLP, Logits, net_kw
-
-
-def _data(n=100, nan_rows=()):
-    rng = np.random.RandomState(0)
-    X = rng.randn(n, 20).astype(np.float32)
-    y = (X[:, 0] + 0.5 * X[:, 1] > 0).astype(np.int64)
-    for row in nan_rows:
-        X[row, 3] = np.nan
-    return X, y
+from test_deferred_records import _data, _rows  # the same data and history rows as the array-path tests
 
 
 class Spy:
@@ -62,19 +54,6 @@ def _fit(monkeypatch, off, X, y, cls=AmpNetClassifier, **kw):
             warnings.simplefilter("always")
             net.fit(X, y)
     return net, [(w.category.__name__, str(w.message)) for w in caught], spy
-
-
-def _same(value):
-    return "nan" if isinstance(value, float) and np.isnan(value) else value
-
-
-def _rows(net):
-    out = []
-    for epoch in net.history:
-        epoch = {k: _same(v) for k, v in epoch.items() if k != "dur"}
-        epoch["batches"] = [[(k, _same(v)) for k, v in b.items()] for b in epoch["batches"]]
-        out.append(list(epoch.items()))
-    return out
 
 
 def _assert_same_fit(a, b):
